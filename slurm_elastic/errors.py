@@ -1,0 +1,35 @@
+"""One base exception for the project; each subclass names a kind of failure a caller can act on."""
+
+from __future__ import annotations
+
+
+class ElasticError(Exception):
+    """Base of every error slurm-elastic raises on purpose."""
+
+
+class ConfigError(ElasticError):
+    """A configuration value is invalid; the message names the field, the value and what is valid."""
+
+
+class ProtocolError(ElasticError):
+    """A control message was malformed, too large or out of order."""
+
+
+class AuthError(ProtocolError):
+    """A control connection did not prove that it holds the job's secret."""
+
+
+class SlurmError(ElasticError):
+    """A Slurm command failed or Slurm is not reachable."""
+
+
+class SlurmParseError(SlurmError):
+    """Slurm printed something the parser does not understand."""
+
+
+class DataError(ElasticError):
+    """A data set or data source is missing or malformed."""
+
+
+class JobFailed(ElasticError):
+    """The training job stopped for good (for example after repeated identical failures)."""
