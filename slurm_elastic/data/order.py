@@ -44,8 +44,8 @@ class SampleOrder:
         self._n = _non_negative_int("num_samples", num_samples, minimum=1)
         self._seed = _non_negative_int("seed", seed)
         self._shuffle = bool(shuffle)
-        self._cached_epoch = -1
-        self._cached: npt.NDArray[np.int64] = np.empty(0, dtype=np.int64)
+        # One (epoch, permutation) pair, swapped as a whole so that concurrent readers never see a mix.
+        self._cache: tuple[int, npt.NDArray[np.int64]] | None = None
 
     @property
     def num_samples(self) -> int:
@@ -69,16 +69,18 @@ class SampleOrder:
     def permutation(self, epoch: int) -> npt.NDArray[np.int64]:
         """Epoch `epoch`'s order: a read-only permutation of range(num_samples)."""
         epoch = _non_negative_int("epoch", epoch)
-        if epoch != self._cached_epoch:
-            if self._shuffle:
-                # SeedSequence + PCG64 is specified bit for bit by numpy, so every rank and platform agrees.
-                rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([self._seed, epoch])))
-                perm = rng.permutation(self._n).astype(np.int64, copy=False)
-            else:
-                perm = np.arange(self._n, dtype=np.int64)
-            perm.flags.writeable = False  # callers share the cache; a stray write would corrupt the order
-            self._cached, self._cached_epoch = perm, epoch
-        return self._cached
+        cache = self._cache
+        if cache is not None and cache[0] == epoch:
+            return cache[1]
+        if self._shuffle:
+            # SeedSequence + PCG64 is specified bit for bit by numpy, so every rank and platform agrees.
+            rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([self._seed, epoch])))
+            perm = rng.permutation(self._n).astype(np.int64, copy=False)
+        else:
+            perm = np.arange(self._n, dtype=np.int64)
+        perm.flags.writeable = False  # callers share the cache; a stray write would corrupt the order
+        self._cache = (epoch, perm)
+        return perm
 
     def indices(self, start: int, count: int) -> npt.NDArray[np.int64]:
         """Data set indices for stream positions start .. start + count - 1, crossing epochs as needed."""
