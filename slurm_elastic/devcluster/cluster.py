@@ -1,0 +1,250 @@
+"""`LocalCluster`: start, stop, inspect and break a Slurm cluster of several slurmds on this machine."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+from slurm_elastic.devcluster import procs, system
+from slurm_elastic.devcluster.conf import (
+    ClusterConf,
+    Hooks,
+    SlurmVersion,
+    node_names,
+    render_cgroup_conf,
+    render_slurm_conf,
+)
+from slurm_elastic.devcluster.layout import Layout, default_state_dir
+from slurm_elastic.devcluster.shell import ClusterError, find_binary, run, start_daemon, tail
+
+__all__ = ["LocalCluster"]
+
+# sinfo states in which a node takes no new work; a trailing '*' means "not responding".
+_UNUSABLE = ("down", "drain", "fail", "unknown", "inval", "future", "maint", "reboot", "power")
+
+
+def _usable(state: str) -> bool:
+    return not state.endswith("*") and not any(state.startswith(bad) for bad in _UNUSABLE)
+
+
+class LocalCluster:
+    """A Slurm cluster of `node_count` slurmds (n1..nN) on 127.0.0.1, kept under `state_dir`.
+
+    `up()` installs what is missing, writes slurm.conf and starts munged, slurmctld and the slurmds;
+    `down()` stops all of them and every job process they started. Both are idempotent.
+    Use `env()` (or `command_env()`) so that sinfo, sbatch and srun reach this cluster.
+    """
+
+    def __init__(
+        self, state_dir: Path | str | None = None, *, node_count: int = 4, startup_timeout_s: float = 60.0
+    ) -> None:
+        self.state_dir = Path(state_dir).resolve() if state_dir is not None else default_state_dir()
+        self.layout = Layout(self.state_dir)
+        self.nodes = node_names(node_count)
+        self.startup_timeout_s = startup_timeout_s
+
+    @property
+    def slurm_conf_path(self) -> Path:
+        return self.layout.slurm_conf
+
+    def env(self) -> dict[str, str]:
+        """The variables that point Slurm's commands at this cluster."""
+        return {"SLURM_CONF": str(self.slurm_conf_path)}
+
+    def command_env(self) -> dict[str, str]:
+        """This process's environment with `env()` applied: pass it to subprocesses."""
+        return {**os.environ, **self.env()}
+
+    def slurm(self, *argv: str, timeout_s: float = 30.0, check: bool = True) -> subprocess.CompletedProcess[str]:
+        """Run a Slurm client command (`cluster.slurm('sinfo', '-N')`) against this cluster."""
+        binary = find_binary(argv[0]) or argv[0]
+        return run(
+            [binary, *argv[1:]], timeout_s=timeout_s, env=self.command_env(), check=check, log=self.layout.ctld_log
+        )
+
+    def config(self, version: SlurmVersion, hooks: Hooks | None = None) -> ClusterConf:
+        return ClusterConf(
+            state_dir=self.state_dir, version=version, node_count=len(self.nodes), hooks=hooks or Hooks()
+        )
+
+    # --- state -----------------------------------------------------------------------------------
+
+    def node_states(self) -> dict[str, str]:
+        """sinfo's state of each node ('idle', 'mixed', 'down*', ...); empty when the controller is away."""
+        result = self.slurm("sinfo", "-h", "-N", "-o", "%N %T", timeout_s=15.0, check=False)
+        if result.returncode != 0:
+            return {}
+        states = {}
+        for line in result.stdout.splitlines():
+            name, _, state = line.strip().partition(" ")
+            if name:
+                states[name] = state.strip()
+        return states
+
+    def _daemons(self) -> tuple[set[int], dict[str, set[int]]]:
+        table = procs.list_procs()
+        return self.layout.controller_pids(table), {n: self.layout.slurmd_pids(table, n) for n in self.nodes}
+
+    def is_up(self) -> bool:
+        """The controller answers and every node's slurmd runs."""
+        if not self.slurm_conf_path.is_file():
+            return False
+        ctld, slurmds = self._daemons()
+        if not ctld or not all(slurmds.values()):
+            return False
+        return self.slurm("sinfo", "-h", "-o", "%P", timeout_s=15.0, check=False).returncode == 0
+
+    def status(self) -> str:
+        """A short human summary: 'not running', or sinfo and squeue."""
+        if not self.is_up():
+            return f"local Slurm cluster ({self.state_dir}): not running"
+        sinfo = self.slurm("sinfo", timeout_s=15.0, check=False).stdout.rstrip()
+        squeue = self.slurm("squeue", timeout_s=15.0, check=False).stdout.rstrip()
+        return f"local Slurm cluster ({self.state_dir}): up, SLURM_CONF={self.slurm_conf_path}\n{sinfo}\n{squeue}"
+
+    # --- up / down -------------------------------------------------------------------------------
+
+    def up(self, hooks_dir: Path | str | None = None) -> bool:
+        """Bring the cluster up (hooks from `hooks_dir` if given); True when something had to start."""
+        self.layout.log_dir.mkdir(parents=True, exist_ok=True)
+        if self.layout.socket_path_too_long():
+            raise ClusterError(f"state dir {str(self.state_dir)!r} is too long for Slurm's Unix sockets; use --dir")
+        system.ensure_packages(self.layout.log_dir)
+        hooks = Hooks.from_dir(Path(hooks_dir)) if hooks_dir is not None else Hooks()
+        conf = self.config(system.slurm_version(), hooks)
+        slurm_conf = render_slurm_conf(conf)
+        started_munge = system.ensure_munge(self.state_dir)
+        ctld, slurmds = self._daemons()
+        same_conf = self.slurm_conf_path.is_file() and self.slurm_conf_path.read_text() == slurm_conf
+        if ctld and same_conf:
+            missing = [node for node, pids in slurmds.items() if not pids]
+            for node in missing:
+                self._start_slurmd(node)
+            if missing:
+                self.wait_nodes(missing, timeout_s=self.startup_timeout_s)
+            return bool(missing) or started_munge
+        try:
+            if ctld or any(slurmds.values()):
+                self._stop_slurm()  # a different config, or a half-stopped cluster: start afresh
+            self._write_config(conf, slurm_conf)
+            self._start_controller()
+            for node in self.nodes:
+                self._start_slurmd(node)
+            self.wait_nodes(self.nodes, want_idle=True, timeout_s=self.startup_timeout_s)
+        except BaseException:
+            self.down()  # CI runs `up` without a `down` after it fails: leave nothing behind
+            raise
+        return True
+
+    def down(self) -> None:
+        """Stop every process of the cluster, and munged if `up` started it. Keeps logs and config."""
+        self._stop_slurm()
+        system.stop_munge(self.state_dir)
+
+    def _stop_slurm(self) -> None:
+        # Rescan: a dying slurmd or slurmstepd may still start an epilog or report to a new process.
+        for _ in range(3):
+            pids = self.layout.cluster_pids(self.nodes)
+            if not pids:
+                return
+            procs.terminate(pids, grace_s=5.0, kill_wait_s=5.0)
+        left = self.layout.cluster_pids(self.nodes)
+        if left:
+            raise ClusterError(f"processes {sorted(left)} survived SIGKILL; see {self.layout.log_dir}")
+
+    def _write_config(self, conf: ClusterConf, slurm_conf: str) -> None:
+        # A fresh start: saved jobs would point at processes that no longer exist.
+        for directory in (self.layout.save_dir, self.layout.spool_root):
+            shutil.rmtree(directory, ignore_errors=True)
+            directory.mkdir(parents=True)
+        for node in self.nodes:
+            self.layout.spool(node).mkdir()
+        self.slurm_conf_path.write_text(slurm_conf)
+        cgroup_conf = render_cgroup_conf(conf.version)
+        if cgroup_conf is None:
+            self.layout.cgroup_conf.unlink(missing_ok=True)
+        else:
+            self.layout.cgroup_conf.write_text(cgroup_conf)
+
+    def _daemon_env(self) -> dict[str, str]:
+        # A job's SLURM_* variables (when `up` runs inside a job) must not leak into the daemons.
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")}
+        return {**env, **self.env()}
+
+    def _start_controller(self) -> None:
+        log = self.layout.ctld_log
+        binary = find_binary("slurmctld") or "slurmctld"
+        start_daemon(
+            [binary, "-f", str(self.slurm_conf_path)],
+            out=self.layout.log_dir / "slurmctld.out",
+            env=self._daemon_env(),
+            log=log,
+        )
+        deadline = time.monotonic() + self.startup_timeout_s
+        while self.slurm("scontrol", "ping", timeout_s=15.0, check=False).returncode != 0:
+            if time.monotonic() > deadline or not self.layout.controller_pids(procs.list_procs()):
+                raise ClusterError(f"slurmctld did not come up; see {log}", tail(log))
+            time.sleep(0.5)
+
+    def _start_slurmd(self, node: str) -> None:
+        binary = find_binary("slurmd") or "slurmd"
+        start_daemon(
+            [binary, "-f", str(self.slurm_conf_path), "-N", node],
+            out=self.layout.log_dir / f"slurmd.{node}.out",
+            env=self._daemon_env(),
+            log=self.layout.slurmd_log(node),
+        )
+
+    def wait_nodes(
+        self, nodes: tuple[str, ...] | list[str], *, want_idle: bool = False, timeout_s: float = 60.0
+    ) -> None:
+        """Wait until each node responds and takes work (idle, with want_idle); raise with the log tail."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            states = self.node_states()
+            waiting = [
+                n for n in nodes if not (states.get(n) == "idle" if want_idle else _usable(states.get(n, "down")))
+            ]
+            if not waiting:
+                return
+            if time.monotonic() > deadline:
+                node = waiting[0]
+                dead = not self.layout.slurmd_pids(procs.list_procs(), node)
+                log = self.layout.slurmd_log(node) if dead or states else self.layout.ctld_log
+                shown = ", ".join(f"{n}={states.get(n, '?')}" for n in waiting)
+                raise ClusterError(
+                    f"nodes not {'idle' if want_idle else 'up'} after {timeout_s:g} s ({shown}); see {log}", tail(log)
+                )
+            time.sleep(0.5)
+
+    # --- failure simulation ----------------------------------------------------------------------
+
+    def kill_node(self, name: str, *, mark_down: bool = False) -> set[int]:
+        """Simulate the sudden death of node `name`: SIGKILL its slurmd, its slurmstepds and their tasks at once.
+
+        The controller notices only after SlurmdTimeout, as with a real node; `mark_down` tells it at once.
+        Returns the pids killed.
+        """
+        self._check_node(name)
+        pids = self.layout.node_pids(name)
+        left = procs.kill_at_once(pids)
+        left |= procs.kill_at_once(self.layout.node_pids(name))  # a task forked while we stopped the rest
+        if left:
+            raise ClusterError(f"node {name}: processes {sorted(left)} survived SIGKILL")
+        if mark_down:
+            self.slurm("scontrol", "update", f"NodeName={name}", "State=DOWN", "Reason=kill_node")
+        return pids
+
+    def restart_node(self, name: str, *, timeout_s: float = 60.0) -> None:
+        """Start node `name`'s slurmd again (if it is not running) and wait until the node takes work."""
+        self._check_node(name)
+        if not self.layout.slurmd_pids(procs.list_procs(), name):
+            self._start_slurmd(name)
+        self.wait_nodes([name], timeout_s=timeout_s)
+
+    def _check_node(self, name: str) -> None:
+        if name not in self.nodes:
+            raise ClusterError(f"unknown node {name!r}; the nodes are {', '.join(self.nodes)}")
