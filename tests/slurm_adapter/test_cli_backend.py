@@ -4,8 +4,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pytest
-from slurm_fixtures import fixture_text
 
+from slurm_adapter.slurm_fixtures import fixture_text
 from slurm_elastic.slurm.cli_backend import CliBackend, CommandResult, run_command
 from slurm_elastic.slurm.errors import JobNotFound, SlurmCommandError, SlurmRequestError
 from slurm_elastic.slurm.records import SlurmVersion

@@ -3,8 +3,8 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 import pytest
-from slurm_fixtures import fixture_text
 
+from slurm_adapter.slurm_fixtures import fixture_text
 from slurm_elastic.errors import SlurmError, SlurmParseError
 from slurm_elastic.slurm.parse import json_version, parse_jobs_json, parse_nodes_json, parse_sinfo_json
 from slurm_elastic.slurm.records import SlurmVersion

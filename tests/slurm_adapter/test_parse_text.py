@@ -3,8 +3,8 @@ from __future__ import annotations
 from datetime import datetime
 
 import pytest
-from slurm_fixtures import fixture_text
 
+from slurm_adapter.slurm_fixtures import fixture_text
 from slurm_elastic.errors import SlurmParseError
 from slurm_elastic.slurm.parse import (
     parse_duration_minutes,
