@@ -12,7 +12,7 @@ from pathlib import Path
 import structlog
 
 from .backend import check_node_update, filter_jobs, node_names
-from .errors import JobNotFound, SlurmCommandError, SlurmRequestError
+from .errors import JobNotFound, SlurmCommandError, SlurmError, SlurmRequestError
 from .hostlist import compress_hostlist, expand_hostlist
 from .parse import (
     parse_jobs_json,
@@ -124,7 +124,13 @@ class CliBackend:
                 raise JobNotFound(job_id)
             argv = self._argv("scontrol", "show", "job", job_id)
             raise SlurmCommandError(argv, result.returncode, result.stderr or result.stdout)
-        found = parse_jobs_json(result.stdout) if self._json() else parse_scontrol_jobs(result.stdout)
+        try:
+            found = parse_jobs_json(result.stdout) if self._json() else parse_scontrol_jobs(result.stdout)
+        except SlurmError as exc:
+            # scontrol --json may exit 0 and report the unknown id inside the document.
+            if any(marker in str(exc) for marker in _GONE):
+                raise JobNotFound(job_id) from exc
+            raise
         # A heterogeneous job lists its components; an array id may list its tasks.
         for job in found:
             if job.job_id == job_id:

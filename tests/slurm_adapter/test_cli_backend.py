@@ -83,9 +83,10 @@ def test_unknown_job_raises_job_not_found(version: SlurmVersion) -> None:
         cli.job("77")
 
 
-def test_json_error_document_for_unknown_job() -> None:
+@pytest.mark.parametrize("rc", [0, 1])
+def test_json_error_document_for_unknown_job(rc: int) -> None:
     text = fixture_text("24.11/doc_scontrol_show_job_json_missing.json")
-    cli, _ = backend({("scontrol",): CommandResult(1, text, "")}, version=SlurmVersion(24, 11, 1))
+    cli, _ = backend({("scontrol",): CommandResult(rc, text, "")}, version=SlurmVersion(24, 11, 1))
     with pytest.raises(JobNotFound):
         cli.job("999")
 
