@@ -1,0 +1,281 @@
+"""Control messages: validated pydantic models, sent as JSON (never pickled).
+
+Every message names its `type`; `parse_message` accepts exactly the union below and rejects the rest.
+Generations travel with every message that could arrive late, so a message from generation g can never
+be mistaken for one of g+1.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+WorkerId = Annotated[str, Field(min_length=1, max_length=200)]
+NodeName = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.:\-\[\],]+$")]
+Role = Literal["worker", "agent", "client"]
+Phase = Literal["init", "compute", "allreduce", "optimizer", "commit", "recovery", "boundary", "done"]
+DrainMode = Literal["boundary", "now"]
+
+
+class _Msg(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# --- handshake -------------------------------------------------------------------------------------
+
+
+class Challenge(_Msg):
+    type: Literal["challenge"] = "challenge"
+    job_id: str
+    nonce: str = Field(min_length=32, max_length=128)
+
+
+class Hello(_Msg):
+    type: Literal["hello"] = "hello"
+    role: Role
+    job_id: str
+    proof: str = Field(min_length=64, max_length=64)
+
+
+class Welcome(_Msg):
+    type: Literal["welcome"] = "welcome"
+
+
+class Refused(_Msg):
+    type: Literal["refused"] = "refused"
+    reason: str
+
+
+# --- worker -> coordinator --------------------------------------------------------------------------
+
+
+class Register(_Msg):
+    type: Literal["register"] = "register"
+    worker_id: WorkerId
+    node: NodeName
+    local_rank: int = Field(ge=0)
+    pid: int = Field(ge=0)
+    committed_step: int = Field(ge=-1)
+
+
+class Heartbeat(_Msg):
+    type: Literal["heartbeat"] = "heartbeat"
+    generation: int = Field(ge=0)
+    step: int = Field(ge=-1)
+    phase: Phase
+
+
+class Committed(_Msg):
+    type: Literal["committed"] = "committed"
+    generation: int = Field(ge=1)
+    step: int = Field(ge=0)
+    loss: float
+    samples: int = Field(ge=0)
+    world: int = Field(ge=1)
+    time: float
+
+
+class AtBoundary(_Msg):
+    type: Literal["at_boundary"] = "at_boundary"
+    generation: int = Field(ge=1)
+    step: int = Field(ge=0)
+
+
+class WorkerEvent(_Msg):
+    """A structured event observed by a worker (recovery, state transfer, batch policy)."""
+
+    type: Literal["event"] = "event"
+    kind: str = Field(min_length=1, max_length=64)
+    fields: dict[str, Any] = Field(default_factory=dict)
+
+
+class Failure(_Msg):
+    """An exception raised by the user's own code, reported before the worker exits."""
+
+    type: Literal["failure"] = "failure"
+    worker_id: WorkerId
+    signature: str = Field(max_length=2000)
+    traceback: str = Field(max_length=64_000)
+
+
+class CollectiveFault(_Msg):
+    """A collective failed but no new generation came: asks the coordinator to re-form the group."""
+
+    type: Literal["collective_fault"] = "collective_fault"
+    generation: int = Field(ge=1)
+    step: int = Field(ge=0)
+    detail: str = Field(max_length=2000)
+
+
+class Finished(_Msg):
+    type: Literal["finished"] = "finished"
+    generation: int = Field(ge=1)
+    step: int = Field(ge=0)
+
+
+# --- coordinator -> worker --------------------------------------------------------------------------
+
+
+class WorkerSettings(_Msg):
+    heartbeat_interval_s: float = Field(gt=0)
+    pg_timeout_s: float = Field(gt=0)
+    backend: Literal["auto", "gloo", "nccl"]
+    store_host: str
+    store_port: int = Field(ge=1, le=65535)
+    store_prefix: str
+
+
+class Registered(_Msg):
+    type: Literal["registered"] = "registered"
+    settings: WorkerSettings
+
+
+class Assign(_Msg):
+    """Generation `generation` begins: abruptly (`boundary_step` None) or after `boundary_step` commits."""
+
+    type: Literal["assign"] = "assign"
+    generation: int = Field(ge=1)
+    rank: int = Field(ge=0)
+    ranks: list[WorkerId] = Field(min_length=1)
+    boundary_step: int | None
+    cause: str
+
+
+class ChangePending(_Msg):
+    """Membership will change at the next step boundary; raise the flag in the next reduction."""
+
+    type: Literal["change_pending"] = "change_pending"
+    generation: int = Field(ge=1)
+
+
+class Leave(_Msg):
+    type: Literal["leave"] = "leave"
+    reason: str
+
+
+class Stop(_Msg):
+    type: Literal["stop"] = "stop"
+    reason: str
+    error: str | None = None
+
+
+# --- agent <-> coordinator --------------------------------------------------------------------------
+
+
+class RegisterNode(_Msg):
+    type: Literal["register_node"] = "register_node"
+    node: NodeName
+    host: str
+    nproc: int = Field(ge=1, le=1024)
+    pid: int = Field(ge=0)
+    slurm_job_id: str | None = None
+
+
+class WorkerExited(_Msg):
+    type: Literal["worker_exited"] = "worker_exited"
+    worker_id: WorkerId
+    returncode: int
+    will_restart: bool
+
+
+class KillWorker(_Msg):
+    type: Literal["kill_worker"] = "kill_worker"
+    worker_id: WorkerId
+    reason: str
+
+
+class RestartWorkers(_Msg):
+    """Checkpoint-restart mode: kill every local worker and start fresh ones."""
+
+    type: Literal["restart_workers"] = "restart_workers"
+    reason: str
+
+
+# --- clients (CLI, hooks, agents) -> coordinator ----------------------------------------------------
+
+
+class DrainRequest(_Msg):
+    """Take `nodes` out of the job: at the next step boundary, or now (as if they had failed)."""
+
+    type: Literal["drain"] = "drain"
+    nodes: list[NodeName] = Field(min_length=1, max_length=10_000)
+    mode: DrainMode = "boundary"
+    reason: str = Field(default="requested", max_length=500)
+    source: str = Field(default="client", max_length=64)
+
+
+class StatusRequest(_Msg):
+    type: Literal["status"] = "status"
+
+
+class Ack(_Msg):
+    type: Literal["ack"] = "ack"
+    ok: bool
+    detail: str = ""
+
+
+class MemberStatus(_Msg):
+    worker_id: str
+    node: str
+    rank: int | None
+    step: int
+    phase: str
+    last_seen_s: float
+
+
+class StatusReply(_Msg):
+    type: Literal["status_reply"] = "status_reply"
+    job_id: str
+    state: str
+    generation: int
+    world_size: int
+    step: int
+    loss: float | None
+    samples_per_s: float | None
+    nodes: list[str]
+    members: list[MemberStatus]
+    pending: list[str]
+    draining: list[str]
+    events: list[dict[str, Any]]
+
+
+Message = Annotated[
+    Challenge
+    | Hello
+    | Welcome
+    | Refused
+    | Register
+    | Heartbeat
+    | Committed
+    | AtBoundary
+    | WorkerEvent
+    | Failure
+    | CollectiveFault
+    | Finished
+    | Registered
+    | Assign
+    | ChangePending
+    | Leave
+    | Stop
+    | RegisterNode
+    | WorkerExited
+    | KillWorker
+    | RestartWorkers
+    | DrainRequest
+    | StatusRequest
+    | Ack
+    | StatusReply,
+    Field(discriminator="type"),
+]
+
+_ADAPTER: TypeAdapter[Message] = TypeAdapter(Message)
+
+
+def parse_message(data: bytes) -> Message:
+    """Validate one JSON frame; raises pydantic.ValidationError on anything else."""
+    return _ADAPTER.validate_json(data)
+
+
+def dump_message(msg: _Msg) -> bytes:
+    return msg.model_dump_json().encode()
