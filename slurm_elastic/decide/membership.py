@@ -1,0 +1,378 @@
+"""Membership by generations: a pure reducer `decide(state, event, now, policy) -> Outcome`.
+
+The coordinator feeds it events (a worker registered, workers were lost, nodes must drain, a worker
+reached a step boundary, a worker finished, time passed) and carries out the actions it returns. It never
+sleeps, reads a clock or touches a socket, so every path is tested without processes.
+
+Two kinds of change:
+- abrupt (a member was lost): generation g+1 starts at once; survivors abort the step in flight and
+  re-run it, so the change costs no committed step;
+- graceful (joiners, drains): members are asked to stop at the next step boundary; the first worker
+  that reports the boundary makes the coordinator form g+1 after that step.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+Phase = Literal["rendezvous", "running", "finished", "failed", "suspended"]
+Recovery = Literal["in_process", "restart"]
+
+
+@dataclass(frozen=True)
+class Worker:
+    worker_id: str
+    node: str
+    local_rank: int
+    committed_step: int = -1
+
+
+@dataclass(frozen=True)
+class Generation:
+    number: int
+    ranks: tuple[str, ...]
+    boundary_step: int | None
+    cause: str
+
+
+@dataclass(frozen=True)
+class Policy:
+    expected_workers: int
+    min_workers: int = 1
+    rendezvous_timeout_s: float = 300.0
+    recovery: Recovery = "in_process"
+
+
+@dataclass(frozen=True)
+class State:
+    phase: Phase = "rendezvous"
+    generation: Generation | None = None
+    workers: Mapping[str, Worker] = field(default_factory=dict)
+    draining: frozenset[str] = frozenset()
+    change_requested: bool = False
+    finished: frozenset[str] = frozenset()
+    rendezvous_since: float = 0.0
+    expected_override: int | None = None
+    reason: str = ""
+
+    @property
+    def members(self) -> tuple[str, ...]:
+        return self.generation.ranks if self.generation else ()
+
+    @property
+    def joiners(self) -> tuple[str, ...]:
+        members = set(self.members)
+        return tuple(w for w in self.workers if w not in members)
+
+
+# --- events -----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Joined:
+    worker: Worker
+
+
+@dataclass(frozen=True)
+class Lost:
+    worker_ids: tuple[str, ...]
+    cause: str
+
+
+@dataclass(frozen=True)
+class Drain:
+    nodes: tuple[str, ...]
+    mode: Literal["boundary", "now"]
+    reason: str
+
+
+@dataclass(frozen=True)
+class ReachedBoundary:
+    worker_id: str
+    generation: int
+    step: int
+
+
+@dataclass(frozen=True)
+class Faulted:
+    """A member's collective failed and no new generation followed: re-form with the same members."""
+
+    worker_id: str
+    generation: int
+    detail: str
+
+
+@dataclass(frozen=True)
+class Done:
+    worker_id: str
+
+
+@dataclass(frozen=True)
+class Tick:
+    pass
+
+
+@dataclass(frozen=True)
+class Abort:
+    reason: str
+
+
+Event = Joined | Lost | Drain | ReachedBoundary | Faulted | Done | Tick | Abort
+
+# --- actions ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Announce:
+    """Send the new generation to its members and `Leave` to `leaving` (alive, but no longer wanted)."""
+
+    generation: Generation
+    leaving: tuple[str, ...]
+    joined: tuple[str, ...]
+    left: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Dismiss:
+    """Tell workers that are not members (joiners, drained nodes) to leave; the generation is unchanged."""
+
+    worker_ids: tuple[str, ...]
+    reason: str
+
+
+@dataclass(frozen=True)
+class RequestBoundary:
+    generation: int
+
+
+@dataclass(frozen=True)
+class RestartAll:
+    reason: str
+
+
+@dataclass(frozen=True)
+class Complete:
+    reason: str
+
+
+@dataclass(frozen=True)
+class Fail:
+    reason: str
+
+
+@dataclass(frozen=True)
+class Suspend:
+    """Every member is leaving: stop the job at the boundary, keeping a disaster-recovery checkpoint."""
+
+    reason: str
+    step: int
+
+
+Action = Announce | Dismiss | RequestBoundary | RestartAll | Complete | Fail | Suspend
+
+
+@dataclass(frozen=True)
+class Outcome:
+    state: State
+    actions: tuple[Action, ...]
+    reason: str
+
+
+# --- ordering ---------------------------------------------------------------------------------------
+
+
+def _natural_key(text: str) -> tuple[object, ...]:
+    return tuple(int(part) if part.isdigit() else part for part in re.split(r"(\d+)", text))
+
+
+def _worker_key(worker: Worker) -> tuple[object, ...]:
+    return (_natural_key(worker.node), worker.local_rank, worker.worker_id)
+
+
+def order_ranks(survivors: Iterable[str], newcomers: Iterable[Worker]) -> tuple[str, ...]:
+    """Survivors keep their relative order (their ranks shift down); newcomers follow, node by node."""
+    return tuple(survivors) + tuple(w.worker_id for w in sorted(newcomers, key=_worker_key))
+
+
+# --- the reducer ------------------------------------------------------------------------------------
+
+
+def decide(state: State, event: Event, now: float, policy: Policy) -> Outcome:
+    if state.phase in ("finished", "failed", "suspended"):
+        return Outcome(state, (), f"job is {state.phase}; {type(event).__name__} ignored")
+    match event:
+        case Joined():
+            return _joined(state, event, now, policy)
+        case Lost():
+            return _lost(state, event, now, policy)
+        case Drain():
+            return _drain(state, event, now, policy)
+        case ReachedBoundary():
+            return _boundary(state, event)
+        case Faulted():
+            gen = state.generation
+            if state.phase != "running" or gen is None or event.generation != gen.number:
+                return Outcome(state, (), f"stale fault report for generation {event.generation}")
+            return _abrupt(state, set(), set(), f"collective failure: {event.detail}", policy, now)
+        case Done():
+            return _done(state, event)
+        case Tick():
+            return _tick(state, now, policy)
+        case Abort():
+            return Outcome(replace(state, phase="failed", reason=event.reason), (Fail(event.reason),), event.reason)
+
+
+def _expected(state: State, policy: Policy) -> int:
+    return state.expected_override if state.expected_override is not None else policy.expected_workers
+
+
+def _start(state: State, cause: str, reason: str) -> Outcome:
+    number = state.generation.number + 1 if state.generation else 1
+    ranks = order_ranks((), state.workers.values())
+    gen = Generation(number, ranks, None, cause)
+    new = replace(state, phase="running", generation=gen, change_requested=False, expected_override=None)
+    return Outcome(new, (Announce(gen, (), ranks, ()),), reason)
+
+
+def _joined(state: State, event: Joined, now: float, policy: Policy) -> Outcome:
+    worker = event.worker
+    if worker.node in state.draining:
+        reason = f"node {worker.node} is draining"
+        return Outcome(state, (Dismiss((worker.worker_id,), reason),), f"{worker.worker_id} refused: {reason}")
+    workers = {**state.workers, worker.worker_id: worker}
+    state = replace(state, workers=workers)
+    if state.phase == "rendezvous":
+        if not state.generation and len(workers) == 1:
+            state = replace(state, rendezvous_since=now)
+        expected = _expected(state, policy)
+        if len(workers) >= expected:
+            cause = "restart" if state.generation else "start"
+            return _start(state, cause, f"all {expected} expected workers registered")
+        return Outcome(state, (), f"rendezvous: {len(workers)} of {expected} workers")
+    if state.change_requested:
+        return Outcome(state, (), f"{worker.worker_id} waits for the pending boundary")
+    gen = state.generation
+    assert gen is not None  # running implies a generation
+    return Outcome(
+        replace(state, change_requested=True),
+        (RequestBoundary(gen.number),),
+        f"{worker.worker_id} joins at the next step boundary",
+    )
+
+
+def _abrupt(state: State, lost: set[str], leaving: set[str], cause: str, policy: Policy, now: float) -> Outcome:
+    """Members `lost` are gone (and `leaving` must go): form g+1 at once, or restart everything."""
+    gen = state.generation
+    assert gen is not None
+    gone = lost | leaving
+    workers = {k: v for k, v in state.workers.items() if k not in gone}
+    survivors = [w for w in gen.ranks if w not in gone and w not in state.finished]
+    base = replace(state, workers=workers, finished=state.finished - gone)
+    if not survivors and state.finished:
+        reason = "every remaining member finished training"
+        return Outcome(replace(base, phase="finished", reason=reason), (Complete(reason),), reason)
+    if not survivors:
+        reason = f"all members lost ({cause}); no peer holds the training state"
+        return Outcome(replace(base, phase="failed", reason=reason), (Fail(reason),), reason)
+    if policy.recovery == "restart":
+        reason = f"{cause}: restarting all {len(workers)} workers from the latest checkpoint"
+        restarted = replace(base, phase="rendezvous", workers={}, expected_override=len(workers), rendezvous_since=now)
+        return Outcome(restarted, (RestartAll(reason),), reason)
+    drained = {w for w in survivors if workers[w].node in state.draining}
+    if drained and len(drained) < len(survivors):
+        survivors = [w for w in survivors if w not in drained]
+        workers = {k: v for k, v in workers.items() if k not in drained}
+        draining = state.draining - {state.workers[w].node for w in drained}
+    else:
+        drained, draining = set(), state.draining
+    joiners = [workers[w] for w in workers if w not in gen.ranks]
+    ranks = order_ranks(survivors, joiners)
+    new_gen = Generation(gen.number + 1, ranks, None, cause)
+    new = replace(base, generation=new_gen, workers=workers, draining=draining, change_requested=False)
+    left = tuple(sorted(lost | leaving | drained))
+    announce = Announce(new_gen, tuple(sorted(leaving | drained)), tuple(j.worker_id for j in joiners), left)
+    return Outcome(new, (announce,), f"{cause}: {', '.join(left)} left; world {len(gen.ranks)} -> {len(ranks)}")
+
+
+def _lost(state: State, event: Lost, now: float, policy: Policy) -> Outcome:
+    known = set(event.worker_ids) & set(state.workers)
+    if not known:
+        return Outcome(state, (), "lost workers were not part of the job")
+    members_lost = known & set(state.members) - state.finished
+    if state.phase == "rendezvous" or not members_lost:
+        workers = {k: v for k, v in state.workers.items() if k not in known}
+        return Outcome(replace(state, workers=workers), (), f"{', '.join(sorted(known))} gone before joining")
+    return _abrupt(state, known, set(), event.cause, policy, now)
+
+
+def _drain(state: State, event: Drain, now: float, policy: Policy) -> Outcome:
+    nodes = set(event.nodes)
+    on_nodes = {w for w, rec in state.workers.items() if rec.node in nodes}
+    if not on_nodes:
+        return Outcome(state, (), f"no workers on {sorted(nodes)}")
+    members_on = on_nodes & set(state.members)
+    waiting = tuple(sorted(on_nodes - members_on))
+    dismiss: tuple[Action, ...] = (Dismiss(waiting, event.reason),) if waiting else ()
+    state = replace(state, workers={k: v for k, v in state.workers.items() if k not in waiting})
+    if not members_on:
+        return Outcome(state, dismiss, f"{', '.join(waiting)} leave before joining ({event.reason})")
+    if event.mode == "now":
+        out = _abrupt(state, set(), members_on, f"drain-now: {event.reason}", policy, now)
+        return Outcome(out.state, dismiss + out.actions, out.reason)
+    gen = state.generation
+    assert gen is not None
+    drained_nodes = {state.workers[w].node for w in members_on}
+    new = replace(state, draining=state.draining | drained_nodes, change_requested=True)
+    if state.change_requested:
+        return Outcome(new, dismiss, f"drain of {sorted(drained_nodes)} joins the pending boundary")
+    actions = (*dismiss, RequestBoundary(gen.number))
+    return Outcome(new, actions, f"drain {sorted(drained_nodes)} at the next step boundary")
+
+
+def _boundary(state: State, event: ReachedBoundary) -> Outcome:
+    gen = state.generation
+    if state.phase != "running" or gen is None or event.generation != gen.number:
+        return Outcome(state, (), f"stale boundary report for generation {event.generation}")
+    drained = {w for w in gen.ranks if state.workers[w].node in state.draining}
+    staying = [w for w in gen.ranks if w not in drained]
+    joiners = [state.workers[w] for w in state.joiners]
+    if not staying:
+        reason = f"every member is leaving ({sorted(state.draining)}); suspending after step {event.step}"
+        new = replace(state, phase="suspended", reason=reason)
+        return Outcome(new, (Suspend(reason, event.step),), reason)
+    ranks = order_ranks(staying, joiners)
+    causes = [c for c, on in (("join", joiners), ("drain", drained)) if on] or ["boundary"]
+    new_gen = Generation(gen.number + 1, ranks, event.step, "+".join(causes))
+    workers = {k: v for k, v in state.workers.items() if k not in drained}
+    drained_nodes = {state.workers[w].node for w in drained}
+    new = replace(
+        state, generation=new_gen, workers=workers, change_requested=False, draining=state.draining - drained_nodes
+    )
+    left = tuple(sorted(drained))
+    announce = Announce(new_gen, left, tuple(j.worker_id for j in joiners), left)
+    return Outcome(new, (announce,), f"after step {event.step}: world {len(gen.ranks)} -> {len(ranks)}")
+
+
+def _done(state: State, event: Done) -> Outcome:
+    finished = state.finished | {event.worker_id}
+    new = replace(state, finished=finished)
+    if state.phase == "running" and set(state.members) <= finished:
+        reason = "every member finished training"
+        return Outcome(replace(new, phase="finished", reason=reason), (Complete(reason),), reason)
+    return Outcome(new, (), f"{event.worker_id} finished")
+
+
+def _tick(state: State, now: float, policy: Policy) -> Outcome:
+    if state.phase != "rendezvous" or not state.workers:
+        return Outcome(state, (), "nothing due")
+    if now - state.rendezvous_since < policy.rendezvous_timeout_s:
+        return Outcome(state, (), "rendezvous in progress")
+    have, expected = len(state.workers), _expected(state, policy)
+    if have >= policy.min_workers:
+        cause = "restart" if state.generation else "start"
+        return _start(state, cause, f"rendezvous timed out: starting with {have} of {expected} workers")
+    reason = f"rendezvous timed out with {have} of {expected} workers (need at least {policy.min_workers})"
+    return Outcome(replace(state, phase="failed", reason=reason), (Fail(reason),), reason)
