@@ -1,0 +1,113 @@
+"""A declarative fault plan, shipped for tests, demos and benchmarks.
+
+    plan = FaultPlan().kill(node="local2", step=5, phase="backward").stop(node="local3", step=9)
+
+The plan travels to workers in the environment (`SLURM_ELASTIC_FAULTS`, JSON); each worker fires the
+faults that name its node and local rank at the named step and phase, once, and only in its first
+incarnation (a restarted worker does not fire them again).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+from slurm_elastic.errors import ConfigError
+
+FaultPhase = Literal["forward", "backward", "allreduce", "optimizer", "commit", "recovery"]
+FaultAction = Literal["kill", "kill_node", "stop", "raise"]
+ENV_VAR = "SLURM_ELASTIC_FAULTS"
+
+
+class Fault(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    node: str
+    step: int = Field(ge=1)
+    phase: FaultPhase = "forward"
+    action: FaultAction = "kill"
+    local_rank: int = Field(default=0, ge=0)
+    incarnation: int = Field(default=0, ge=0)
+
+
+_FAULTS: TypeAdapter[list[Fault]] = TypeAdapter(list[Fault])
+
+
+class FaultPlan:
+    """An immutable list of faults with a small builder API."""
+
+    def __init__(self, faults: tuple[Fault, ...] = ()) -> None:
+        self.faults = faults
+
+    def add(self, **fields: object) -> FaultPlan:
+        return FaultPlan((*self.faults, Fault.model_validate(fields)))
+
+    def kill(self, node: str, step: int, phase: FaultPhase = "forward", local_rank: int = 0) -> FaultPlan:
+        """SIGKILL the worker itself."""
+        return self.add(node=node, step=step, phase=phase, local_rank=local_rank, action="kill")
+
+    def kill_node(self, node: str, step: int, phase: FaultPhase = "forward") -> FaultPlan:
+        """SIGKILL the worker's whole process group: its agent and every worker of the node."""
+        return self.add(node=node, step=step, phase=phase, action="kill_node")
+
+    def stop(self, node: str, step: int, phase: FaultPhase = "forward", local_rank: int = 0) -> FaultPlan:
+        """SIGSTOP the worker: it hangs with its sockets open."""
+        return self.add(node=node, step=step, phase=phase, local_rank=local_rank, action="stop")
+
+    def raise_error(self, node: str, step: int, phase: FaultPhase = "forward", local_rank: int = 0) -> FaultPlan:
+        """Raise an ordinary exception, as a bug in the user's code would."""
+        return self.add(node=node, step=step, phase=phase, local_rank=local_rank, action="raise")
+
+    def to_env(self) -> dict[str, str]:
+        return {ENV_VAR: _FAULTS.dump_json(list(self.faults)).decode()} if self.faults else {}
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | os._Environ[str]) -> FaultPlan:
+        raw = env.get(ENV_VAR)
+        if not raw:
+            return cls()
+        try:
+            return cls(tuple(_FAULTS.validate_json(raw)))
+        except ValidationError as exc:
+            raise ConfigError(f"invalid {ENV_VAR}: {exc.errors()[0]['msg']}") from None
+
+
+class InjectedFault(RuntimeError):
+    """The exception a `raise` fault throws, standing in for a bug in user code."""
+
+
+class FaultInjector:
+    """Worker side: fires this worker's faults at their step and phase."""
+
+    def __init__(self, plan: FaultPlan, node: str, local_rank: int, incarnation: int) -> None:
+        self._pending = [
+            f
+            for f in plan.faults
+            if f.node == node and (f.action == "kill_node" or f.local_rank == local_rank)
+            if f.incarnation == incarnation
+        ]
+
+    @property
+    def armed(self) -> bool:
+        return bool(self._pending)
+
+    def hit(self, phase: FaultPhase, step: int) -> None:
+        for fault in self._pending:
+            if fault.phase == phase and fault.step == step:
+                self._pending.remove(fault)
+                self._fire(fault)
+                return
+
+    @staticmethod
+    def _fire(fault: Fault) -> None:
+        if fault.action == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        elif fault.action == "kill_node":
+            os.killpg(os.getpgrp(), signal.SIGKILL)
+        elif fault.action == "stop":
+            os.kill(os.getpid(), signal.SIGSTOP)
+        else:
+            raise InjectedFault(f"injected fault at step {fault.step}, phase {fault.phase}")

@@ -1,0 +1,181 @@
+"""The process group of one generation, with collectives that a generation change can interrupt.
+
+A blocked collective cannot be cancelled in torch, so every wait is a wait on an event that either the
+collective's completion or the control thread (a newer generation was announced) sets. An interrupted
+group is abandoned: aborted, and never used again. Its buffers are never reused either, because a late
+completion of the abandoned work could still write into them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from slurm_elastic.errors import ElasticError
+
+
+class Interrupted(ElasticError):
+    """A newer generation was announced (or the worker must leave) while waiting."""
+
+
+class CollectiveFailed(ElasticError):
+    """A collective raised: a peer died or the connection broke."""
+
+
+class Interrupt:
+    """Set by the control thread when the current generation is superseded; wakes every waiter."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._set = False
+        self._waiters: set[threading.Event] = set()
+
+    def set(self) -> None:
+        with self._lock:
+            self._set = True
+            for waiter in self._waiters:
+                waiter.set()
+
+    def clear(self) -> None:
+        with self._lock:
+            self._set = False
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def wait_for(self, done: threading.Event, timeout: float | None = None) -> bool:
+        """Block until `done` is set or the interrupt fires; returns whether `done` is set."""
+        with self._lock:
+            if self._set:
+                return done.is_set()
+            self._waiters.add(done)
+        try:
+            done.wait(timeout)
+        finally:
+            with self._lock:
+                self._waiters.discard(done)
+        return done.is_set()
+
+
+def run_interruptibly(fn: Callable[[], Any], interrupt: Interrupt, what: str) -> Any:
+    """Run a blocking call on a helper thread; raise Interrupted if the interrupt fires first."""
+    done = threading.Event()
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # reported to the waiting thread below
+            box["error"] = exc
+        finally:
+            done.set()
+
+    threading.Thread(target=target, name=f"se-{what}", daemon=True).start()
+    if not interrupt.wait_for(done):
+        raise Interrupted(what)
+    if "error" in box:
+        raise CollectiveFailed(f"{what}: {box['error']}") from box["error"]
+    return box.get("value")
+
+
+def _wait_work(work: Any, interrupt: Interrupt, what: str) -> None:
+    done = threading.Event()
+    try:
+        future = work.get_future()
+    except RuntimeError:  # gloo send/recv have no future: wait on a helper thread instead
+        run_interruptibly(work.wait, interrupt, what)
+        return
+    future.add_done_callback(lambda _: done.set())
+    if not interrupt.wait_for(done):
+        raise Interrupted(what)
+    try:
+        future.value()
+    except Exception as exc:
+        raise CollectiveFailed(f"{what}: {exc}") from exc
+
+
+def pick_backend(requested: str) -> str:
+    if requested == "auto":
+        return "nccl" if torch.cuda.is_available() else "gloo"
+    return requested
+
+
+class Group:
+    """Rank `rank` of `world` in generation `generation`; world 1 needs no process group at all."""
+
+    _graveyard: list[Any] = []  # abandoned groups stay referenced so no destructor blocks this thread
+
+    def __init__(self, pg: Any, rank: int, world: int, generation: int, interrupt: Interrupt) -> None:
+        self.pg = pg
+        self.rank = rank
+        self.world = world
+        self.generation = generation
+        self.interrupt = interrupt
+
+    @classmethod
+    def form(
+        cls,
+        store: Any,
+        prefix: str,
+        rank: int,
+        world: int,
+        generation: int,
+        *,
+        backend: str,
+        timeout_s: float,
+        interrupt: Interrupt,
+    ) -> Group:
+        if world == 1:
+            return cls(None, 0, 1, generation, interrupt)
+        scoped = dist.PrefixStore(f"{prefix}/g{generation}", store)
+        timeout = datetime.timedelta(seconds=timeout_s)
+
+        def make() -> Any:
+            if backend == "nccl":
+                opts = dist.ProcessGroupNCCL.Options()
+                opts._timeout = timeout
+                return dist.ProcessGroupNCCL(scoped, rank, world, opts)
+            return dist.ProcessGroupGloo(scoped, rank, world, timeout)
+
+        pg = run_interruptibly(make, interrupt, f"forming generation {generation}")
+        return cls(pg, rank, world, generation, interrupt)
+
+    def allreduce_(self, tensor: torch.Tensor) -> None:
+        """Sum `tensor` over the group, in place."""
+        if self.pg is not None:
+            _wait_work(self.pg.allreduce([tensor]), self.interrupt, "allreduce")
+
+    def launch_allreduce(self, tensor: torch.Tensor) -> Callable[[], None]:
+        """Start a sum and return the function that waits for it (lets a fault fire mid-flight)."""
+        if self.pg is None:
+            return lambda: None
+        work = self.pg.allreduce([tensor])
+        return lambda: _wait_work(work, self.interrupt, "allreduce")
+
+    def allgather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
+        if self.pg is None:
+            return [tensor.clone()]
+        out = [torch.empty_like(tensor) for _ in range(self.world)]
+        _wait_work(self.pg.allgather([out], [tensor]), self.interrupt, "allgather")
+        return out
+
+    def exchange(self, sends: list[tuple[torch.Tensor, int, int]], recvs: list[tuple[torch.Tensor, int, int]]) -> None:
+        """Point-to-point: (tensor, peer, tag) pairs; all are started before any is waited on."""
+        works = [self.pg.send([t], peer, tag) for t, peer, tag in sends]
+        works += [self.pg.recv([t], peer, tag) for t, peer, tag in recvs]
+        for work in works:
+            _wait_work(work, self.interrupt, "state transfer")
+
+    def abandon(self) -> None:
+        if self.pg is None:
+            return
+        with contextlib.suppress(RuntimeError):
+            self.pg.abort()
+        Group._graveyard.append(self.pg)
+        self.pg = None

@@ -1,0 +1,77 @@
+"""What the agent tells a worker through its environment. Absent a coordinator, the worker runs alone."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from slurm_elastic.errors import ConfigError
+from slurm_elastic.faults import FaultPlan
+
+PREFIX = "SLURM_ELASTIC_"
+
+
+@dataclass(frozen=True)
+class WorkerEnv:
+    coordinator: str | None
+    secret: str
+    job_id: str
+    node: str
+    local_rank: int
+    worker_id: str
+    incarnation: int
+    run: int  # how many times the whole job was restarted (Slurm requeues), for the ledger
+    ledger_dir: Path | None
+    checkpoint_dir: Path | None
+    checkpoint_every: int
+    checkpoint_background: bool
+    faults: FaultPlan
+
+    @property
+    def standalone(self) -> bool:
+        return self.coordinator is None
+
+
+def _int(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = env.get(PREFIX + name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"invalid {PREFIX}{name}: {raw!r} (expected an integer >= 0)") from None
+    if value < 0:
+        raise ConfigError(f"invalid {PREFIX}{name}: {raw!r} (expected an integer >= 0)")
+    return value
+
+
+def _path(env: Mapping[str, str], name: str) -> Path | None:
+    raw = env.get(PREFIX + name)
+    return Path(raw) if raw else None
+
+
+def worker_env(env: Mapping[str, str] | None = None) -> WorkerEnv:
+    env = os.environ if env is None else env
+    coordinator = env.get(PREFIX + "COORDINATOR") or None
+    if coordinator and not env.get(PREFIX + "SECRET"):
+        raise ConfigError(f"{PREFIX}COORDINATOR is set but {PREFIX}SECRET is missing")
+    node = env.get(PREFIX + "NODE", "standalone")
+    local_rank = _int(env, "LOCAL_RANK", 0)
+    incarnation = _int(env, "INCARNATION", 0)
+    return WorkerEnv(
+        coordinator=coordinator,
+        secret=env.get(PREFIX + "SECRET", ""),
+        job_id=env.get(PREFIX + "JOB_ID", "standalone"),
+        node=node,
+        local_rank=local_rank,
+        worker_id=env.get(PREFIX + "WORKER_ID", f"{node}:{local_rank}:{incarnation}"),
+        incarnation=incarnation,
+        run=_int(env, "RUN", 0),
+        ledger_dir=_path(env, "LEDGER_DIR"),
+        checkpoint_dir=_path(env, "CHECKPOINT_DIR"),
+        checkpoint_every=_int(env, "CHECKPOINT_EVERY", 0),
+        checkpoint_background=env.get(PREFIX + "CHECKPOINT_SYNC", "") not in ("1", "true", "yes"),
+        faults=FaultPlan.from_env(dict(env)),
+    )
