@@ -1,0 +1,296 @@
+"""The node agent: starts this node's workers, reports each exit at once, restarts crashed ones, and
+turns SIGTERM (preemption, scancel, a job shrink's polite variant) into a drain at the next step boundary.
+
+It never imports torch: it must start fast and stay small. One agent runs per node (one srun task).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+
+import structlog
+
+from slurm_elastic.decide.failures import restart_decision
+from slurm_elastic.errors import ElasticError
+from slurm_elastic.wire.channel import Channel, connect
+from slurm_elastic.wire.messages import (
+    Ack,
+    DrainRequest,
+    Heartbeat,
+    KillWorker,
+    RegisterNode,
+    RestartWorkers,
+    Stop,
+    WorkerExited,
+)
+
+log = structlog.get_logger("slurm_elastic.agent")
+EXIT_FAILED = 1
+
+
+@dataclass
+class AgentConfig:
+    node: str
+    nproc: int
+    coordinator: str
+    secret: str
+    job_id: str
+    command: list[str]
+    max_restarts: int = 3
+    drain_grace_s: float = 60.0
+    heartbeat_interval_s: float = 1.0
+    run: int = 0
+    slurm_job_id: str | None = None
+    worker_env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Slot:
+    local_rank: int
+    incarnation: int = 0
+    restarts: int = 0
+    proc: subprocess.Popen[bytes] | None = None
+    expected_exit: bool = False  # we killed it on purpose (restart-all, eviction): not a crash
+
+
+class Agent:
+    def __init__(self, config: AgentConfig) -> None:
+        self.config = config
+        self.slots = [Slot(i) for i in range(config.nproc)]
+        self._lock = threading.Condition()
+        self._channel: Channel | None = None
+        self._draining = False
+        self._stop: Stop | None = None
+        self._coordinator_lost = False
+
+    # --- workers --------------------------------------------------------------------------------------
+
+    def worker_id(self, slot: Slot) -> str:
+        return f"{self.config.node}:{slot.local_rank}:{slot.incarnation}"
+
+    def _spawn(self, slot: Slot) -> None:
+        cfg = self.config
+        env = dict(os.environ)
+        env.update(cfg.worker_env)
+        env.update(
+            {
+                "SLURM_ELASTIC_COORDINATOR": cfg.coordinator,
+                "SLURM_ELASTIC_SECRET": cfg.secret,
+                "SLURM_ELASTIC_JOB_ID": cfg.job_id,
+                "SLURM_ELASTIC_NODE": cfg.node,
+                "SLURM_ELASTIC_LOCAL_RANK": str(slot.local_rank),
+                "SLURM_ELASTIC_INCARNATION": str(slot.incarnation),
+                "SLURM_ELASTIC_WORKER_ID": self.worker_id(slot),
+                "SLURM_ELASTIC_RUN": str(cfg.run),
+                "LOCAL_RANK": str(slot.local_rank),
+            }
+        )
+        if cfg.nproc > 1:
+            env.setdefault("OMP_NUM_THREADS", "1")  # as torchrun does: don't oversubscribe the node's cores
+        slot.expected_exit = False
+        slot.proc = subprocess.Popen(cfg.command, env=env)
+        threading.Thread(
+            target=self._watch, args=(slot, slot.proc), name=f"se-watch-{slot.local_rank}", daemon=True
+        ).start()
+
+    def _watch(self, slot: Slot, proc: subprocess.Popen[bytes]) -> None:
+        returncode = proc.wait()
+        with self._lock:
+            wid = self.worker_id(slot)
+            if slot.expected_exit:
+                restart, reason = not self._stopping(), "restarted on request"
+            else:
+                decision = restart_decision(returncode, slot.restarts, self.config.max_restarts, self._stopping())
+                restart, reason = decision.restart, decision.reason
+                slot.restarts += int(restart)
+            self._report(WorkerExited(worker_id=wid, returncode=returncode, will_restart=restart))
+            log.info("worker_exited", worker=wid, returncode=returncode, restart=restart, reason=reason)
+            slot.proc = None
+            if restart:
+                slot.incarnation += 1
+                self._spawn(slot)
+            self._lock.notify_all()
+
+    def _stopping(self) -> bool:
+        return self._draining or self._stop is not None or self._coordinator_lost
+
+    def _signal_workers(self, sig: int) -> None:
+        for slot in self.slots:
+            if slot.proc is not None and slot.proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    slot.proc.send_signal(sig)
+
+    def _alive(self) -> bool:
+        return any(slot.proc is not None for slot in self.slots)
+
+    # --- coordinator ----------------------------------------------------------------------------------
+
+    def _report(self, message: WorkerExited | DrainRequest | Heartbeat) -> None:
+        if self._channel is None or self._coordinator_lost:
+            return
+        try:
+            self._channel.send(message)
+        except OSError:
+            self._coordinator_lost = True
+
+    def _read_loop(self) -> None:
+        assert self._channel is not None
+        while True:
+            try:
+                message = self._channel.recv()
+            except (OSError, ConnectionError, ElasticError):
+                with self._lock:
+                    if self._stop is None:
+                        self._coordinator_lost = True
+                    self._lock.notify_all()
+                return
+            with self._lock:
+                if isinstance(message, KillWorker):
+                    self._kill(message.worker_id, message.reason)
+                elif isinstance(message, RestartWorkers):
+                    log.info("restarting_workers", node=self.config.node, reason=message.reason)
+                    for slot in self.slots:
+                        if slot.proc is not None:
+                            slot.expected_exit = True
+                    self._signal_workers(signal.SIGKILL)
+                elif isinstance(message, Stop):
+                    self._stop = message
+                self._lock.notify_all()
+
+    def _kill(self, worker_id: str, reason: str) -> None:
+        for slot in self.slots:
+            if self.worker_id(slot) == worker_id and slot.proc is not None:
+                log.warning("killing_worker", worker=worker_id, reason=reason)
+                slot.expected_exit = False
+                with contextlib.suppress(ProcessLookupError):
+                    slot.proc.send_signal(signal.SIGCONT)  # a stopped process dies of SIGKILL anyway; be explicit
+                    slot.proc.kill()
+
+    def _heartbeat_loop(self) -> None:
+        while not self._coordinator_lost and self._stop is None:
+            time.sleep(self.config.heartbeat_interval_s)
+            self._report(Heartbeat(generation=0, step=-1, phase="init"))
+
+    def request_drain(self, reason: str) -> None:
+        with self._lock:
+            if self._draining:
+                return
+            self._draining = True
+            self._lock.notify_all()
+        log.info("node_draining", node=self.config.node, reason=reason)
+        self._report(DrainRequest(nodes=[self.config.node], mode="boundary", reason=reason, source="agent"))
+
+    # --- main -----------------------------------------------------------------------------------------
+
+    def run(self) -> int:
+        cfg = self.config
+        self._channel = connect(cfg.coordinator, secret=cfg.secret, job_id=cfg.job_id, role="agent")
+        self._channel.send(
+            RegisterNode(
+                node=cfg.node,
+                host=socket.gethostname(),
+                nproc=cfg.nproc,
+                pid=os.getpid(),
+                slurm_job_id=cfg.slurm_job_id,
+            )
+        )
+        answer = self._channel.recv(timeout=30)
+        if not isinstance(answer, Ack):
+            reason = answer.reason if isinstance(answer, Stop) else answer.type
+            raise ElasticError(f"coordinator {cfg.coordinator} refused node {cfg.node}: {reason}")
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(
+                sig,
+                lambda signum, _: threading.Thread(
+                    target=self.request_drain, args=(signal.Signals(signum).name,)
+                ).start(),
+            )
+        threading.Thread(target=self._read_loop, name="se-agent-control", daemon=True).start()
+        threading.Thread(target=self._heartbeat_loop, name="se-agent-heartbeat", daemon=True).start()
+        with self._lock:
+            for slot in self.slots:
+                self._spawn(slot)
+        return self._supervise()
+
+    def _supervise(self) -> int:
+        drain_deadline: float | None = None
+        with self._lock:
+            while self._alive():
+                if self._coordinator_lost or (self._stop is not None and self._stop.error):
+                    break
+                if self._draining and drain_deadline is None:
+                    drain_deadline = time.monotonic() + self.config.drain_grace_s
+                if drain_deadline is not None and time.monotonic() > drain_deadline:
+                    log.warning("drain_timeout", node=self.config.node, grace_s=self.config.drain_grace_s)
+                    break
+                self._lock.wait(0.2)
+        self._terminate_workers()
+        if self._channel is not None:
+            self._channel.close()
+        if self._coordinator_lost:
+            log.error("coordinator_lost", node=self.config.node)
+            return EXIT_FAILED
+        if self._stop is not None and self._stop.error:
+            return EXIT_FAILED
+        return 0
+
+    def _terminate_workers(self, grace_s: float = 10.0) -> None:
+        deadline = time.monotonic() + grace_s
+        with self._lock:
+            if self._alive():
+                self._signal_workers(signal.SIGTERM)
+            while self._alive() and time.monotonic() < deadline:
+                self._lock.wait(0.1)
+            self._signal_workers(signal.SIGKILL)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="slurm-elastic agent", description=__doc__)
+    parser.add_argument("--coordinator", required=True, help="HOST:PORT of the job's coordinator")
+    parser.add_argument("--job-id", required=True)
+    parser.add_argument("--node", default=None, help="node name (default: SLURMD_NODENAME or the host name)")
+    parser.add_argument("--nproc", type=int, default=1)
+    parser.add_argument("--max-restarts", type=int, default=3)
+    parser.add_argument("--drain-grace-s", type=float, default=60.0)
+    parser.add_argument("--heartbeat-interval-s", type=float, default=1.0)
+    parser.add_argument("command", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    secret = os.environ.get("SLURM_ELASTIC_SECRET", "")
+    if not command or not secret:
+        parser.error("a command after -- and SLURM_ELASTIC_SECRET in the environment are required")
+    from slurm_elastic.logs import configure_logging
+
+    configure_logging(os.environ.get("SLURM_ELASTIC_LOG_FORMAT", "console"))  # type: ignore[arg-type]
+    node = args.node or os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+    config = AgentConfig(
+        node=node,
+        nproc=args.nproc,
+        coordinator=args.coordinator,
+        secret=secret,
+        job_id=args.job_id,
+        command=command,
+        max_restarts=args.max_restarts,
+        drain_grace_s=args.drain_grace_s,
+        heartbeat_interval_s=args.heartbeat_interval_s,
+        run=int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0),
+        slurm_job_id=os.environ.get("SLURM_JOB_ID"),
+    )
+    try:
+        return Agent(config).run()
+    except (ElasticError, OSError) as exc:
+        print(f"slurm-elastic agent: error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,540 @@
+"""The per-job coordinator: connections in, events to the pure reducer, its actions out.
+
+It hosts the job's rendezvous store (a torch TCPStore, used only to wire up each generation's process
+group under a namespace derived from the job's secret) and a control server. Workers, agents and
+clients connect to the control server and prove the job's secret before anything else is read.
+All state changes happen on one asyncio loop; `CoordinatorThread` runs that loop beside the launcher.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+from pydantic import BaseModel
+
+from slurm_elastic.coordinator.config import CoordinatorConfig
+from slurm_elastic.decide import membership as m
+from slurm_elastic.decide.failures import identical_failure_verdict, record_failure
+from slurm_elastic.decide.health import Liveness, find_unresponsive
+from slurm_elastic.errors import AuthError, ProtocolError
+from slurm_elastic.events import EventLog
+from slurm_elastic.wire import messages as msg
+from slurm_elastic.wire.channel import accept_handshake, read_message, write_message
+
+log = structlog.get_logger("slurm_elastic.coordinator")
+TICK_S = 0.1
+
+
+@dataclass
+class Peer:
+    """A connected worker or agent."""
+
+    writer: asyncio.StreamWriter
+    node: str
+    last_seen: float
+    step: int = -1
+    phase: str = "init"
+    phase_since: float = 0.0
+    pid: int = 0
+
+
+@dataclass(frozen=True)
+class Commit:
+    step: int
+    generation: int
+    world: int
+    loss: float
+    samples: int
+    worker_time: float
+    received: float
+
+
+@dataclass
+class PublicView:
+    """What other threads may read: copied under a lock."""
+
+    phase: str = "rendezvous"
+    generation: int = 0
+    world: int = 0
+    last_step: int = 0
+    reason: str = ""
+    failure_traceback: str | None = None
+    commits: list[Commit] = field(default_factory=list)
+
+
+class Coordinator:
+    def __init__(self, config: CoordinatorConfig) -> None:
+        self.config = config
+        self.events = EventLog(config.job_id, config.events_path)
+        self.policy = m.Policy(
+            expected_workers=config.expected_workers,
+            min_workers=config.min_workers,
+            rendezvous_timeout_s=config.rendezvous_timeout_s,
+            recovery=config.recovery,
+        )
+        self.state = m.State()
+        self.workers: dict[str, Peer] = {}
+        self.agents: dict[str, Peer] = {}
+        self.failures: dict[str, int] = {}
+        self.tracebacks: dict[str, str] = {}
+        self._view = PublicView()
+        self._view_lock = threading.Lock()
+        self.done = threading.Event()
+        self._abrupt_since: tuple[int, float, int] | None = None  # (generation, detected at, last step)
+        self._recent_commits: deque[Commit] = deque(maxlen=64)
+        self._last_progress = 0.0
+        self.store: Any = None
+        self.server: asyncio.AbstractServer | None = None
+        self.address = ""
+        self.store_prefix = "se-" + hashlib.sha256(config.secret.encode()).hexdigest()[:24]
+
+    # --- thread-safe reads ----------------------------------------------------------------------------
+
+    def view(self) -> PublicView:
+        with self._view_lock:
+            v = self._view
+            return PublicView(
+                v.phase, v.generation, v.world, v.last_step, v.reason, v.failure_traceback, list(v.commits)
+            )
+
+    def _publish(self) -> None:
+        gen = self.state.generation
+        with self._view_lock:
+            self._view.phase = self.state.phase
+            self._view.generation = gen.number if gen else 0
+            self._view.world = len(gen.ranks) if gen else 0
+            self._view.reason = self.state.reason
+
+    # --- start-up -------------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        import torch.distributed as dist  # imported here: the agent and CLI clients never pay for torch
+
+        cfg = self.config
+        self.store = dist.TCPStore(cfg.host, cfg.store_port, is_master=True, wait_for_workers=False, use_libuv=True)
+        self.server = await asyncio.start_server(self._on_connect, cfg.host, cfg.port)
+        port = self.server.sockets[0].getsockname()[1]
+        self.address = f"{cfg.advertise_host or cfg.host}:{port}"
+        self.events.emit(
+            "coordinator_started",
+            address=self.address,
+            store_port=self.store.port,
+            expected_workers=cfg.expected_workers,
+            recovery=cfg.recovery,
+        )
+        asyncio.get_running_loop().create_task(self._ticker())
+
+    def settings(self) -> msg.WorkerSettings:
+        cfg = self.config
+        return msg.WorkerSettings(
+            heartbeat_interval_s=cfg.heartbeat_interval_s,
+            pg_timeout_s=cfg.pg_timeout_s,
+            backend=cfg.backend,
+            store_host=cfg.advertise_host or cfg.host,
+            store_port=self.store.port,
+            store_prefix=self.store_prefix,
+        )
+
+    # --- connections ----------------------------------------------------------------------------------
+
+    async def _on_connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            role = await accept_handshake(reader, writer, secret=self.config.secret, job_id=self.config.job_id)
+            first = await asyncio.wait_for(read_message(reader), 30)
+            if role == "worker" and isinstance(first, msg.Register):
+                await self._serve_worker(first, reader, writer)
+            elif role == "agent" and isinstance(first, msg.RegisterNode):
+                await self._serve_agent(first, reader, writer)
+            elif role == "client":
+                await self._serve_client(first, writer)
+            else:
+                raise ProtocolError(f"a {role} may not open with {first.type!r}")
+        except (AuthError, ProtocolError) as exc:
+            self.events.emit("connection_refused", reason=str(exc), peer=str(writer.get_extra_info("peername")))
+        except (ConnectionError, asyncio.IncompleteReadError, TimeoutError):
+            pass
+        finally:
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+
+    def _send(self, peer: Peer | None, message: BaseModel) -> None:
+        if peer is not None and not peer.writer.is_closing():
+            write_message(peer.writer, message)
+
+    async def _serve_worker(
+        self, reg: msg.Register, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        wid = reg.worker_id
+        if wid in self.workers or self.state.phase in ("finished", "failed", "suspended"):
+            write_message(writer, msg.Stop(reason=f"worker {wid} already registered or job over"))
+            return
+        now = time.monotonic()
+        self.workers[wid] = Peer(writer, reg.node, now, reg.committed_step, "init", now, reg.pid)
+        write_message(writer, msg.Registered(settings=self.settings()))
+        self.events.emit("worker_registered", worker=wid, node=reg.node, pid=reg.pid, committed_step=reg.committed_step)
+        self._feed(m.Joined(m.Worker(wid, reg.node, reg.local_rank, reg.committed_step)))
+        try:
+            while True:
+                message = await read_message(reader)
+                peer = self.workers.get(wid)
+                if peer is None:
+                    return
+                peer.last_seen = time.monotonic()
+                self._on_worker_message(wid, peer, message)
+        finally:
+            if self.workers.get(wid) is not None and self.workers[wid].writer is writer:
+                del self.workers[wid]
+                self._feed(m.Lost((wid,), "connection closed"))
+
+    def _on_worker_message(self, wid: str, peer: Peer, message: msg.Message) -> None:
+        match message:
+            case msg.Heartbeat():
+                if (message.step, message.phase) != (peer.step, peer.phase):
+                    peer.step, peer.phase, peer.phase_since = message.step, message.phase, time.monotonic()
+            case msg.Committed():
+                self._on_commit(message)
+            case msg.AtBoundary():
+                self._feed(m.ReachedBoundary(wid, message.generation, message.step))
+            case msg.CollectiveFault():
+                self.events.emit("collective_fault", worker=wid, generation=message.generation, detail=message.detail)
+                self._feed(m.Faulted(wid, message.generation, message.detail))
+            case msg.WorkerEvent():
+                self._on_worker_event(wid, message)
+            case msg.Failure():
+                self._on_failure(message)
+            case msg.Finished():
+                self._feed(m.Done(wid))
+            case msg.DrainRequest():
+                self._on_drain(message)
+            case _:
+                raise ProtocolError(f"unexpected {message.type!r} from worker {wid}")
+
+    async def _serve_agent(
+        self, reg: msg.RegisterNode, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        node = reg.node
+        if node in self.agents:
+            write_message(writer, msg.Stop(reason=f"node {node} already has an agent"))
+            return
+        self.agents[node] = Peer(writer, node, time.monotonic(), pid=reg.pid)
+        write_message(writer, msg.Ack(ok=True, detail=self.config.job_id))
+        self.events.emit("node_registered", node=node, host=reg.host, nproc=reg.nproc, slurm_job=reg.slurm_job_id)
+        try:
+            while True:
+                message = await read_message(reader)
+                self.agents[node].last_seen = time.monotonic()
+                match message:
+                    case msg.WorkerExited():
+                        self.events.emit(
+                            "worker_exited",
+                            worker=message.worker_id,
+                            node=node,
+                            returncode=message.returncode,
+                            will_restart=message.will_restart,
+                        )
+                        self._lose_worker(message.worker_id, f"exited with {message.returncode}")
+                    case msg.DrainRequest():
+                        self._on_drain(message)
+                    case msg.Heartbeat():
+                        pass
+                    case _:
+                        raise ProtocolError(f"unexpected {message.type!r} from agent {node}")
+        finally:
+            if self.agents.get(node) is not None and self.agents[node].writer is writer:
+                del self.agents[node]
+                lost = tuple(w for w, p in self.workers.items() if p.node == node)
+                self.events.emit("node_lost", node=node, workers=list(lost))
+                for w in lost:
+                    self._lose_worker(w, f"agent of node {node} lost")
+
+    def _lose_worker(self, wid: str, cause: str) -> None:
+        peer = self.workers.pop(wid, None)
+        if peer is not None:
+            peer.writer.close()
+        self._feed(m.Lost((wid,), cause))
+
+    async def _serve_client(self, first: msg.Message, writer: asyncio.StreamWriter) -> None:
+        if isinstance(first, msg.StatusRequest):
+            write_message(writer, self.status())
+        elif isinstance(first, msg.DrainRequest):
+            write_message(writer, self._on_drain(first))
+        else:
+            write_message(writer, msg.Ack(ok=False, detail=f"unsupported request {first.type!r}"))
+        await writer.drain()
+
+    # --- message handlers -----------------------------------------------------------------------------
+
+    def _on_commit(self, c: msg.Committed) -> None:
+        now = time.time()
+        commit = Commit(c.step, c.generation, c.world, c.loss, c.samples, c.time, now)
+        self._recent_commits.append(commit)
+        with self._view_lock:
+            self._view.commits.append(commit)
+            self._view.last_step = max(self._view.last_step, c.step)
+        if self._abrupt_since is not None and c.generation >= self._abrupt_since[0]:
+            _gen, detected, before = self._abrupt_since
+            self._abrupt_since = None
+            self.events.emit(
+                "recovered",
+                generation=c.generation,
+                step=c.step,
+                detect_to_commit_s=round(time.monotonic() - detected, 4),
+                last_step_before=before,
+            )
+        if now - self._last_progress >= self.config.progress_interval_s:
+            self._last_progress = now
+            self.events.emit(
+                "progress",
+                step=c.step,
+                loss=round(c.loss, 4),
+                world=c.world,
+                generation=c.generation,
+                samples_per_s=self._throughput(),
+            )
+
+    def _throughput(self) -> float | None:
+        commits = list(self._recent_commits)
+        if len(commits) < 2 or commits[-1].worker_time <= commits[0].worker_time:
+            return None
+        samples = sum(c.samples for c in commits[1:])
+        return round(samples / (commits[-1].worker_time - commits[0].worker_time), 1)
+
+    def _on_worker_event(self, wid: str, e: msg.WorkerEvent) -> None:
+        fields = dict(e.fields)
+        if e.kind == "generation_ready":
+            last = self._view.last_step
+            resume = int(fields.get("resume_step", last))
+            fields["lost_committed_steps"] = max(0, last - resume)
+        self.events.emit(e.kind, worker=wid, **fields)
+
+    def _on_failure(self, f: msg.Failure) -> None:
+        self.failures = record_failure(self.failures, f.signature)
+        self.tracebacks[f.signature] = f.traceback
+        self.events.emit("user_failure", worker=f.worker_id, signature=f.signature, count=self.failures[f.signature])
+        verdict = identical_failure_verdict(self.failures, self.config.max_identical_failures)
+        if verdict is not None:
+            with self._view_lock:
+                self._view.failure_traceback = f.traceback
+            self._feed(m.Abort(verdict))
+
+    def _on_drain(self, d: msg.DrainRequest) -> msg.Ack:
+        self.events.emit("drain_requested", nodes=d.nodes, mode=d.mode, reason=d.reason, source=d.source)
+        outcome = self._feed(m.Drain(tuple(d.nodes), d.mode, d.reason))
+        return msg.Ack(ok=True, detail=outcome.reason)
+
+    # --- the reducer and its actions ------------------------------------------------------------------
+
+    def _feed(self, event: m.Event) -> m.Outcome:
+        before = self.state
+        outcome = m.decide(before, event, time.monotonic(), self.policy)
+        self.state = outcome.state
+        for action in outcome.actions:
+            self._act(action, before, event)
+        self._publish()
+        if self.state.phase in ("finished", "failed", "suspended"):
+            self.done.set()
+        return outcome
+
+    def _act(self, action: m.Action, before: m.State, event: m.Event) -> None:
+        match action:
+            case m.Announce():
+                self._announce(action, before, event)
+            case m.Dismiss():
+                for wid in action.worker_ids:
+                    self._send(self.workers.get(wid), msg.Leave(reason=action.reason))
+            case m.RequestBoundary():
+                for wid in self.state.members:
+                    self._send(self.workers.get(wid), msg.ChangePending(generation=action.generation))
+            case m.RestartAll():
+                gen = before.generation
+                self._abrupt_since = ((gen.number if gen else 0) + 1, time.monotonic(), self._view.last_step)
+                self.events.emit("restart_all", reason=action.reason, nodes=sorted(self.agents))
+                for agent in self.agents.values():
+                    self._send(agent, msg.RestartWorkers(reason=action.reason))
+            case m.Complete():
+                self.events.emit("job_finished", reason=action.reason, step=self._view.last_step)
+                self._stop_everyone(msg.Stop(reason="complete"))
+            case m.Suspend():
+                self.events.emit("job_suspended", reason=action.reason, step=action.step)
+                self._stop_everyone(msg.Stop(reason="suspended"))
+            case m.Fail():
+                self.events.emit("job_failed", reason=action.reason)
+                self._stop_everyone(msg.Stop(reason="failed", error=action.reason))
+
+    def _announce(self, a: m.Announce, before: m.State, event: m.Event) -> None:
+        gen = a.generation
+        for rank, wid in enumerate(gen.ranks):
+            self._send(
+                self.workers.get(wid),
+                msg.Assign(
+                    generation=gen.number,
+                    rank=rank,
+                    ranks=list(gen.ranks),
+                    boundary_step=gen.boundary_step,
+                    cause=gen.cause,
+                ),
+            )
+        for wid in a.leaving:
+            self._send(self.workers.get(wid), msg.Leave(reason=f"left in generation {gen.number}: {gen.cause}"))
+        old = before.generation
+        if gen.boundary_step is None and old is not None and self._abrupt_since is None:
+            self._abrupt_since = (gen.number, time.monotonic(), self._view.last_step)
+        self.events.emit(
+            "membership_change",
+            generation=gen.number,
+            cause=gen.cause,
+            world_before=len(old.ranks) if old else 0,
+            world=len(gen.ranks),
+            ranks=list(gen.ranks),
+            joined=list(a.joined),
+            left=list(a.left),
+            boundary_step=gen.boundary_step,
+            trigger=type(event).__name__,
+        )
+
+    def _stop_everyone(self, stop: msg.Stop) -> None:
+        for peer in (*self.workers.values(), *self.agents.values()):
+            self._send(peer, stop)
+
+    # --- time -----------------------------------------------------------------------------------------
+
+    async def _ticker(self) -> None:
+        cfg = self.config
+        while True:
+            await asyncio.sleep(TICK_S)
+            now = time.monotonic()
+            self._feed(m.Tick())
+            if self.state.phase != "running":
+                continue
+            members = [
+                Liveness(w, p.last_seen, p.step, p.phase, p.phase_since)
+                for w in self.state.members
+                if (p := self.workers.get(w)) is not None and w not in self.state.finished
+            ]
+            agents = [Liveness(n, p.last_seen, 0, "agent", p.last_seen) for n, p in self.agents.items()]
+            lease, hang = cfg.lease_timeout_s, cfg.hang_timeout_s
+            for verdict in find_unresponsive(now, agents, lease_timeout_s=lease, hang_timeout_s=hang):
+                self.events.emit("node_unresponsive", node=verdict.worker_id, reason=verdict.reason)
+                agent = self.agents.pop(verdict.worker_id)
+                agent.writer.close()
+                for w in [w for w, p in self.workers.items() if p.node == verdict.worker_id]:
+                    self._lose_worker(w, f"node {verdict.worker_id} unresponsive")
+            for verdict in find_unresponsive(now, members, lease_timeout_s=lease, hang_timeout_s=hang):
+                peer = self.workers.get(verdict.worker_id)
+                if peer is None:
+                    continue
+                self.events.emit("hang_evicted", worker=verdict.worker_id, cause=verdict.cause, reason=verdict.reason)
+                self._send(
+                    self.agents.get(peer.node), msg.KillWorker(worker_id=verdict.worker_id, reason=verdict.reason)
+                )
+                self._lose_worker(verdict.worker_id, f"{verdict.cause}: {verdict.reason}")
+
+    # --- status ---------------------------------------------------------------------------------------
+
+    def status(self) -> msg.StatusReply:
+        gen = self.state.generation
+        now = time.monotonic()
+        ranks = {w: i for i, w in enumerate(gen.ranks)} if gen else {}
+        members = [
+            msg.MemberStatus(
+                worker_id=w,
+                node=p.node,
+                rank=ranks.get(w),
+                step=p.step,
+                phase=p.phase,
+                last_seen_s=round(now - p.last_seen, 2),
+            )
+            for w, p in sorted(self.workers.items(), key=lambda kv: (ranks.get(kv[0], 1 << 30), kv[0]))
+        ]
+        last = self._recent_commits[-1] if self._recent_commits else None
+        return msg.StatusReply(
+            job_id=self.config.job_id,
+            state=self.state.phase,
+            generation=gen.number if gen else 0,
+            world_size=len(gen.ranks) if gen else 0,
+            step=last.step if last else 0,
+            loss=last.loss if last else None,
+            samples_per_s=self._throughput(),
+            nodes=sorted(self.agents),
+            members=members,
+            pending=list(self.state.joiners),
+            draining=sorted(self.state.draining),
+            events=self.events.recent(20),
+        )
+
+
+class CoordinatorThread:
+    """Runs a Coordinator's event loop on a daemon thread; other threads use `view()` and `drain()`."""
+
+    def __init__(self, config: CoordinatorConfig) -> None:
+        self.coordinator = Coordinator(config)
+        self._loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="se-coordinator", daemon=True)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        try:
+            self._loop.run_until_complete(self.coordinator.start())
+        except BaseException as exc:
+            self._error = exc
+            self._ready.set()
+            return
+        self._ready.set()
+        self._loop.run_forever()
+
+    def start(self) -> CoordinatorThread:
+        self._thread.start()
+        self._ready.wait()
+        if self._error is not None:
+            raise self._error
+        return self
+
+    @property
+    def address(self) -> str:
+        return self.coordinator.address
+
+    def view(self) -> PublicView:
+        return self.coordinator.view()
+
+    def call(self, fn: Any, *args: Any) -> Any:
+        """Run `fn(*args)` on the coordinator's loop and return its result."""
+
+        async def run() -> Any:
+            return fn(*args)
+
+        return asyncio.run_coroutine_threadsafe(run(), self._loop).result(timeout=30)
+
+    def drain(self, nodes: list[str], mode: msg.DrainMode = "boundary", reason: str = "requested") -> msg.Ack:
+        return self.call(
+            self.coordinator._on_drain, msg.DrainRequest(nodes=nodes, mode=mode, reason=reason, source="local")
+        )
+
+    def status(self) -> msg.StatusReply:
+        return self.call(self.coordinator.status)
+
+    def stop(self) -> None:
+        if not self._thread.is_alive():
+            return
+
+        async def shutdown() -> None:
+            coord = self.coordinator
+            if coord.server is not None:
+                coord.server.close()
+            for peer in (*coord.workers.values(), *coord.agents.values()):
+                peer.writer.close()
+
+        with contextlib.suppress(Exception):
+            asyncio.run_coroutine_threadsafe(shutdown(), self._loop).result(timeout=10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)

@@ -1,0 +1,50 @@
+"""Structured job events: one structlog line each, kept in memory for `status`, and appended to the
+job's `events.jsonl` for tools (demo, benchmarks) that read what happened."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+log = structlog.get_logger("slurm_elastic")
+
+
+class EventLog:
+    def __init__(self, job_id: str, path: Path | None = None, keep: int = 500) -> None:
+        self.job_id = job_id
+        self.path = path
+        self._recent: deque[dict[str, Any]] = deque(maxlen=keep)
+        self._lock = threading.Lock()
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+
+    def emit(self, kind: str, *, quiet: bool = False, **fields: Any) -> dict[str, Any]:
+        record = {"event": kind, "job": self.job_id, "time": round(time.time(), 4), **fields}
+        with self._lock:
+            self._recent.append(record)
+            if self.path is not None:
+                with open(self.path, "a") as fh:
+                    fh.write(json.dumps(record, default=str) + "\n")
+        if not quiet:
+            log.info(kind, job=self.job_id, **fields)
+        return record
+
+    def recent(self, n: int = 50) -> list[dict[str, Any]]:
+        with self._lock:
+            return list(self._recent)[-n:]
+
+    def all(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return list(self._recent)
+
+
+def read_events(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
