@@ -2,6 +2,25 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 __version__ = "0.1.0"
 
-__all__ = ["__version__"]
+__all__ = ["ElasticJob", "FaultPlan", "Step", "__version__"]
+
+if TYPE_CHECKING:
+    from slurm_elastic.faults import FaultPlan
+    from slurm_elastic.worker import ElasticJob, Step
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy: the agent and command-line tools import this package without paying for torch.
+    if name in ("ElasticJob", "Step"):
+        from slurm_elastic import worker
+
+        return getattr(worker, name)
+    if name == "FaultPlan":
+        from slurm_elastic.faults import FaultPlan
+
+        return FaultPlan
+    raise AttributeError(f"module 'slurm_elastic' has no attribute {name!r}")

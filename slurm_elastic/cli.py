@@ -2,6 +2,43 @@
 
 from __future__ import annotations
 
+import argparse
+import sys
+
+from slurm_elastic import __version__
+from slurm_elastic.errors import ConfigError, ElasticError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from slurm_elastic.commands import run
+    from slurm_elastic.data import cli as data_cli
+
+    parser = argparse.ArgumentParser(
+        prog="slurm-elastic", description="Checkpointless, elastic PyTorch training on Slurm"
+    )
+    parser.add_argument("--version", action="version", version=f"slurm-elastic {__version__}")
+    sub = parser.add_subparsers(dest="command_name", required=True, metavar="COMMAND")
+    run.add_parser(sub)
+    agent = sub.add_parser("agent", help="the per-node agent (started by `run`)", add_help=False)
+    agent.add_argument("agent_args", nargs=argparse.REMAINDER)
+    agent.set_defaults(func=lambda a: __import__("slurm_elastic.agent", fromlist=["main"]).main(a.agent_args))
+    data_cli.add_parser(sub)
+    return parser
+
 
 def main(argv: list[str] | None = None) -> int:
-    raise SystemExit("slurm-elastic: not wired yet")
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        code = args.func(args)
+    except ConfigError as exc:
+        print(f"slurm-elastic: error: {exc}", file=sys.stderr)
+        return 2
+    except ElasticError as exc:
+        print(f"slurm-elastic: error: {exc}", file=sys.stderr)
+        return 1
+    return int(code or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Launchers: the local one (simulated nodes as processes) and the one inside a Slurm allocation."""

@@ -1,0 +1,199 @@
+"""The local launcher, the embedded default: one coordinator (a thread of this process) and one agent
+process per simulated node, each in its own process group so that a node can be killed as a whole.
+
+Used by `slurm-elastic run --local`, the demo, the benchmarks and the multi-process tests.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from slurm_elastic.config import JobConfig
+from slurm_elastic.coordinator import CoordinatorConfig, CoordinatorThread
+from slurm_elastic.coordinator.server import PublicView
+from slurm_elastic.errors import ElasticError
+from slurm_elastic.faults import FaultPlan
+from slurm_elastic.jobdir import JobHandle, job_dir, new_local_job_id
+from slurm_elastic.wire.channel import new_secret
+
+
+@dataclass(frozen=True)
+class JobResult:
+    phase: str  # finished | failed | suspended | timeout
+    reason: str
+    failure_traceback: str | None
+    agent_exit_codes: dict[str, int | None]
+
+    @property
+    def ok(self) -> bool:
+        return self.phase == "finished"
+
+
+class LocalJob:
+    def __init__(
+        self,
+        command: list[str],
+        config: JobConfig,
+        *,
+        faults: FaultPlan | None = None,
+        extra_env: Mapping[str, str] | None = None,
+        log_dir: Path | None = None,
+        root: Path | None = None,
+    ) -> None:
+        if not command:
+            raise ElasticError("no training command given (put it after --)")
+        self.command = command
+        self.config = config
+        self.job_id = config.job_id or new_local_job_id()
+        self.dir = job_dir(self.job_id, root)
+        self.secret = new_secret()
+        self.faults = faults or FaultPlan()
+        self.extra_env = dict(extra_env or {})
+        self.log_dir = log_dir
+        self.agents: dict[str, subprocess.Popen[bytes]] = {}
+        self._logs: list[IO[bytes]] = []
+        self._next_node = 1
+        self.coordinator: CoordinatorThread | None = None
+
+    # --- life cycle -----------------------------------------------------------------------------------
+
+    def start(self) -> LocalJob:
+        cfg = self.config
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.coordinator = CoordinatorThread(
+            CoordinatorConfig(
+                job_id=self.job_id,
+                secret=self.secret,
+                expected_workers=cfg.expected_workers,
+                min_workers=cfg.min_workers,
+                host=cfg.host,
+                port=cfg.port,
+                heartbeat_interval_s=cfg.heartbeat_interval_s,
+                lease_timeout_s=cfg.lease_timeout_s,
+                hang_timeout_s=cfg.hang_timeout_s,
+                rendezvous_timeout_s=cfg.rendezvous_timeout_s,
+                pg_timeout_s=cfg.pg_timeout_s,
+                backend=cfg.backend,
+                recovery=cfg.recovery,
+                max_identical_failures=cfg.max_identical_failures,
+                progress_interval_s=cfg.progress_interval_s,
+                events_path=self.dir / "events.jsonl",
+            )
+        ).start()
+        JobHandle(self.job_id, self.address, self.secret, "localhost", os.getpid(), time.time()).write(self.dir)
+        for _ in range(cfg.nodes):
+            self.add_node()
+        return self
+
+    @property
+    def address(self) -> str:
+        assert self.coordinator is not None
+        return self.coordinator.address
+
+    def add_node(self, name: str | None = None) -> str:
+        """Start one more simulated node (an agent with its workers); it joins at a step boundary."""
+        if name is None:
+            while f"local{self._next_node}" in self.agents:
+                self._next_node += 1
+            name = f"local{self._next_node}"
+        cfg = self.config
+        worker_env = {
+            **self.faults.to_env(),
+            **self.extra_env,
+            "OMP_NUM_THREADS": self.extra_env.get("OMP_NUM_THREADS", "1"),
+        }
+        if cfg.ledger_dir:
+            worker_env["SLURM_ELASTIC_LEDGER_DIR"] = str(cfg.ledger_dir)
+        if cfg.checkpoint_dir:
+            worker_env["SLURM_ELASTIC_CHECKPOINT_DIR"] = str(cfg.checkpoint_dir)
+            worker_env["SLURM_ELASTIC_CHECKPOINT_EVERY"] = str(cfg.checkpoint_every)
+        env = {
+            **os.environ,
+            **worker_env,
+            "SLURM_ELASTIC_SECRET": self.secret,
+            "SLURM_ELASTIC_LOG_FORMAT": cfg.log_format,
+        }
+        argv = [
+            sys.executable, "-m", "slurm_elastic.agent",
+            "--coordinator", self.address,
+            "--job-id", self.job_id,
+            "--node", name,
+            "--nproc", str(cfg.nproc_per_node),
+            "--max-restarts", str(cfg.max_restarts),
+            "--drain-grace-s", str(cfg.drain_grace_s),
+            "--heartbeat-interval-s", str(cfg.heartbeat_interval_s),
+            "--", *self.command,
+        ]  # fmt: skip
+        out: IO[bytes] | None = None
+        if self.log_dir is not None:
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+            out = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - closed in stop()
+            self._logs.append(out)
+        self.agents[name] = subprocess.Popen(
+            argv, env=env, start_new_session=True, stdout=out, stderr=subprocess.STDOUT if out else None
+        )
+        return name
+
+    def kill_node(self, name: str, sig: int = signal.SIGKILL) -> float:
+        """Signal a whole simulated node (agent and workers); returns the wall-clock time of the kill."""
+        proc = self.agents[name]
+        when = time.time()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        return when
+
+    def view(self) -> PublicView:
+        assert self.coordinator is not None
+        return self.coordinator.view()
+
+    def wait_until(self, predicate: Callable[[PublicView], bool], timeout: float, poll: float = 0.02) -> PublicView:
+        deadline = time.monotonic() + timeout
+        while True:
+            view = self.view()
+            if predicate(view):
+                return view
+            if view.phase in ("failed", "finished", "suspended") or time.monotonic() > deadline:
+                raise ElasticError(f"job {self.job_id}: condition not reached (phase {view.phase}: {view.reason})")
+            time.sleep(poll)
+
+    def wait(self, timeout: float | None = None) -> JobResult:
+        assert self.coordinator is not None
+        done = self.coordinator.coordinator.done.wait(timeout)
+        view = self.view()
+        deadline = time.monotonic() + 30
+        for proc in self.agents.values():
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        phase = view.phase if done else "timeout"
+        codes = {name: proc.poll() for name, proc in self.agents.items()}
+        return JobResult(phase, view.reason, view.failure_traceback, codes)
+
+    def stop(self) -> None:
+        for proc in self.agents.values():
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+        for proc in self.agents.values():
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=10)
+        if self.coordinator is not None:
+            self.coordinator.stop()
+        for fh in self._logs:
+            fh.close()
+        with contextlib.suppress(FileNotFoundError):
+            (self.dir / "coordinator.json").unlink()
+
+    def __enter__(self) -> LocalJob:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
