@@ -1,0 +1,49 @@
+"""Tests against the real local Slurm cluster (`make cluster-up`): fixtures and the `slurm` marker.
+
+Without a reachable cluster these tests skip, or fail where the cluster is required
+(SLURM_ELASTIC_REQUIRE_SLURM=1, as `make test` sets, or CI=true).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from slurm_elastic.devcluster import LocalCluster
+
+_HERE = Path(__file__).parent
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # This hook sees the whole session: mark only the tests that live under tests/slurm.
+    for item in items:
+        if _HERE in Path(str(item.path)).parents:
+            item.add_marker(pytest.mark.slurm)
+
+
+def _required() -> bool:
+    return os.environ.get("SLURM_ELASTIC_REQUIRE_SLURM") == "1" or os.environ.get("CI", "").lower() == "true"
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster() -> Iterator[LocalCluster]:
+    """The local cluster, with SLURM_CONF set in this process so that subprocesses reach it."""
+    cluster = LocalCluster()
+    if not cluster.is_up():
+        message = f"local Slurm cluster in {cluster.state_dir} is not running: run `make cluster-up`"
+        if _required():
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
+    saved = {key: os.environ.get(key) for key in cluster.env()}
+    os.environ.update(cluster.env())
+    try:
+        yield cluster
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
