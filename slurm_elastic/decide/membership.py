@@ -65,7 +65,7 @@ class State:
     @property
     def joiners(self) -> tuple[str, ...]:
         members = set(self.members)
-        return tuple(w for w in self.workers if w not in members)
+        return tuple(w for w in self.workers if w not in members and w not in self.finished)
 
 
 # --- events -----------------------------------------------------------------------------------------
@@ -288,7 +288,7 @@ def _abrupt(state: State, lost: set[str], leaving: set[str], cause: str, policy:
         draining = state.draining - {state.workers[w].node for w in drained}
     else:
         drained, draining = set(), state.draining
-    joiners = [workers[w] for w in workers if w not in gen.ranks]
+    joiners = [workers[w] for w in workers if w not in gen.ranks and w not in state.finished]
     ranks = order_ranks(survivors, joiners)
     new_gen = Generation(gen.number + 1, ranks, None, cause)
     new = replace(base, generation=new_gen, workers=workers, draining=draining, change_requested=False)
