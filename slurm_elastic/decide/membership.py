@@ -336,8 +336,8 @@ def _boundary(state: State, event: ReachedBoundary) -> Outcome:
     gen = state.generation
     if state.phase != "running" or gen is None or event.generation != gen.number:
         return Outcome(state, (), f"stale boundary report for generation {event.generation}")
-    drained = {w for w in gen.ranks if state.workers[w].node in state.draining}
-    staying = [w for w in gen.ranks if w not in drained]
+    drained = {w for w in gen.ranks if w in state.workers and state.workers[w].node in state.draining}
+    staying = [w for w in gen.ranks if w not in drained and w not in state.finished]
     joiners = [state.workers[w] for w in state.joiners]
     if not staying:
         reason = f"every member is leaving ({sorted(state.draining)}); suspending after step {event.step}"
