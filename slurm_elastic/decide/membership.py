@@ -291,10 +291,13 @@ def _abrupt(state: State, lost: set[str], leaving: set[str], cause: str, policy:
     joiners = [workers[w] for w in workers if w not in gen.ranks and w not in state.finished]
     ranks = order_ranks(survivors, joiners)
     new_gen = Generation(gen.number + 1, ranks, None, cause)
-    new = replace(base, generation=new_gen, workers=workers, draining=draining, change_requested=False)
+    # Every survivor is on a draining node: they stay for now, and the drain still needs a boundary of g+1.
+    pending = any(workers[w].node in draining for w in ranks)
+    new = replace(base, generation=new_gen, workers=workers, draining=draining, change_requested=pending)
     left = tuple(sorted(lost | leaving | drained))
     announce = Announce(new_gen, tuple(sorted(leaving | drained)), tuple(j.worker_id for j in joiners), left)
-    return Outcome(new, (announce,), f"{cause}: {', '.join(left)} left; world {len(gen.ranks)} -> {len(ranks)}")
+    actions: tuple[Action, ...] = (announce, RequestBoundary(new_gen.number)) if pending else (announce,)
+    return Outcome(new, actions, f"{cause}: {', '.join(left)} left; world {len(gen.ranks)} -> {len(ranks)}")
 
 
 def _lost(state: State, event: Lost, now: float, policy: Policy) -> Outcome:
