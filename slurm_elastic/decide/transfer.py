@@ -80,7 +80,7 @@ def _with_sends(
         return RecoveryPlan(target, sources, (), 0, (), f"{who} state is already everywhere")
     n_chunks = max(1, min(len(sources), max_chunks))
     sends = tuple(
-        Send(chunk, sources[(j + chunk) % len(sources)], dst)
+        Send(chunk, sources[(j * n_chunks + chunk) % len(sources)], dst)
         for j, dst in enumerate(receivers)
         for chunk in range(n_chunks)
     )
