@@ -93,7 +93,8 @@ def resolve_config(
         err = exc.errors()[0]
         name = str(err["loc"][0]) if err["loc"] else "?"
         source = origin.get(name, "config")
-        where = {"command line": _flag(name), "environment": ENV_PREFIX + name.upper()}.get(source, name)
+        named = {"command line": _flag(name), "environment": ENV_PREFIX + name.upper()}
+        where = named.get(source, f"{name} in {source}")
         if err["type"] == "extra_forbidden":
             valid = ", ".join(JobConfig.model_fields)
             raise ConfigError(f"unknown setting {name!r} in {source} (valid: {valid})") from None
