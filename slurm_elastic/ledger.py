@@ -25,7 +25,10 @@ class LedgerWriter:
     def __init__(self, directory: Path, worker_id: str, run: int) -> None:
         directory.mkdir(parents=True, exist_ok=True)
         safe = re.sub(r"[^A-Za-z0-9_.-]", "_", worker_id)
-        self._fd = os.open(directory / f"{safe}.jsonl", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self._fd = os.open(directory / f"{safe}.jsonl", os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+        end = os.fstat(self._fd).st_size
+        if end and os.pread(self._fd, 1, end - 1) != b"\n":
+            os.write(self._fd, b"\n")  # end a line torn by a SIGKILL in an earlier run of this worker id
         self._run = run
         self._worker = worker_id
 
