@@ -11,7 +11,11 @@ From Python::
     cluster.down()
 
 Nodes have 2 CPUs and jobs share nodes (CR_CPU): a job preempts a `train` job only when it needs
-those CPUs, so preemption tests submit with `--exclusive`.
+those CPUs, so preemption tests submit with `--exclusive`. A requeued job waits 10 s (AuthInfo
+cred_expire), not Slurm's default 120 s; a preempted job is killed after GraceTime, but slurmctld checks
+that on a 30 s timer, so preemption takes 5 to 35 s.
+
+`python -m slurm_elastic.devcluster.capture DIR` saves literal outputs of this Slurm for parser tests.
 """
 
 from __future__ import annotations

@@ -98,12 +98,18 @@ class LocalCluster:
         return self.slurm("sinfo", "-h", "-o", "%P", timeout_s=15.0, check=False).returncode == 0
 
     def status(self) -> str:
-        """A short human summary: 'not running', or sinfo and squeue."""
-        if not self.is_up():
+        """A short human summary: 'not running', or sinfo and squeue (and which slurmds are missing)."""
+        ctld, slurmds = self._daemons()
+        if not self.slurm_conf_path.is_file() or not ctld:
             return f"local Slurm cluster ({self.state_dir}): not running"
-        sinfo = self.slurm("sinfo", timeout_s=15.0, check=False).stdout.rstrip()
+        missing = [node for node, pids in slurmds.items() if not pids]
+        health = f"degraded, no slurmd for {', '.join(missing)}" if missing else "up"
+        sinfo = self.slurm("sinfo", timeout_s=15.0, check=False)
         squeue = self.slurm("squeue", timeout_s=15.0, check=False).stdout.rstrip()
-        return f"local Slurm cluster ({self.state_dir}): up, SLURM_CONF={self.slurm_conf_path}\n{sinfo}\n{squeue}"
+        head = f"local Slurm cluster ({self.state_dir})"
+        if sinfo.returncode != 0:
+            return f"{head}: slurmctld runs but does not answer; see {self.layout.ctld_log}"
+        return f"{head}: {health}, SLURM_CONF={self.slurm_conf_path}\n{sinfo.stdout.rstrip()}\n{squeue}"
 
     # --- up / down -------------------------------------------------------------------------------
 

@@ -103,6 +103,8 @@ class ClusterConf:
     # Seconds a requeued job waits before it is eligible again (Slurm's default is 120).
     requeue_delay_s: int = 10
     slurmd_timeout_s: int = 30
+    # Seconds between the scheduler's passes over pending jobs (main loop and backfill).
+    sched_interval_s: int = 2
     grace_time_s: int = 5
     hooks: Hooks = field(default_factory=Hooks)
     cluster_name: str = "elastic"
@@ -180,7 +182,9 @@ def render_slurm_conf(conf: ClusterConf) -> str:
         "JobRequeue=1",
         "PreemptType=preempt/partition_prio",
         "PreemptMode=REQUEUE",
-        "SchedulerParameters=permit_job_expansion",
+        # Pass over pending jobs every few seconds, not every 30 s (backfill) / 60 s (main loop):
+        # nothing else wakes the scheduler when a requeued job's BeginTime passes.
+        f"SchedulerParameters=permit_job_expansion,bf_interval={conf.sched_interval_s},sched_interval={conf.sched_interval_s}",
     ]
     lines += _hook_lines(conf)
     lines.append("# Nodes: one slurmd each, all on this machine")

@@ -94,7 +94,7 @@ def test_core_settings(version: SlurmVersion) -> None:
     assert s["PreemptType"] == "preempt/partition_prio"
     assert s["PreemptMode"] == "REQUEUE"
     assert s["ReturnToService"] == "2"
-    assert s["SchedulerParameters"] == "permit_job_expansion"
+    assert s["SchedulerParameters"] == "permit_job_expansion,bf_interval=2,sched_interval=2"
     assert s["SlurmdTimeout"] == "30"
     assert s["SlurmctldTimeout"] == "30"
     assert s["KillWait"] == "5"

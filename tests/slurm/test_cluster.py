@@ -7,6 +7,7 @@ Assertions follow the order of events, never wall-clock times.
 from __future__ import annotations
 
 import re
+import shlex
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -99,19 +100,33 @@ def log_lines(path: Path) -> list[str]:
     return path.read_text().splitlines() if path.exists() else []
 
 
-# A task that writes 'up <node>' once and 'TERM <node>' when signalled, then runs until killed.
-TASK = (
-    "srun --no-kill --ntasks-per-node=1 bash -c "
-    '\'trap "echo TERM $SLURMD_NODENAME >> {log}; exit 143" TERM; '
-    "echo up $SLURMD_NODENAME >> {log}; sleep 1000 & wait'"
-)
+# A task that appends 'up <node>' to a log once and 'TERM <node>' when signalled, then waits until killed.
+TASK_SCRIPT = """#!/bin/bash
+log="$1"
+trap 'echo "TERM $SLURMD_NODENAME" >> "$log"; exit 143' TERM
+echo "up $SLURMD_NODENAME" >> "$log"
+sleep 1000 &
+wait
+"""
+
+
+def task_step(tmp_path: Path, log: Path) -> str:
+    """A shell line that runs TASK_SCRIPT as a step with one task on every node of the job."""
+    script = tmp_path / "task.sh"
+    script.write_text(TASK_SCRIPT)
+    return f"srun --no-kill --ntasks-per-node=1 bash {shlex.quote(str(script))} {shlex.quote(str(log))}"
 
 
 def test_srun_runs_one_task_on_each_node(slurm_cluster: LocalCluster, jobs: Jobs) -> None:
     result = slurm_cluster.slurm(
-        "srun", "-N4", "--ntasks-per-node=1", f"--job-name={jobs.name}", "printenv", "SLURMD_NODENAME",
+        "srun",
+        "-N4",
+        "--ntasks-per-node=1",
+        f"--job-name={jobs.name}",
+        "printenv",
+        "SLURMD_NODENAME",
         timeout_s=60.0,
-    )  # fmt: skip
+    )
     assert sorted(result.stdout.split()) == ["n1", "n2", "n3", "n4"]
 
 
@@ -120,24 +135,31 @@ def test_infer_job_preempts_train_job_which_is_requeued(
 ) -> None:
     log = tmp_path / "events.log"
     train_script = tmp_path / "train.sh"
+    q_log = shlex.quote(str(log))
     train_script.write_text(
         "#!/bin/bash\n"
-        f"echo start restart=${{SLURM_RESTART_COUNT:-0}} >> {log}\n"
-        f"{TASK.format(log=log)}\n"
-        f"echo srun-exited >> {log}\n"
+        f"echo start restart=${{SLURM_RESTART_COUNT:-0}} >> {q_log}\n"
+        f"{task_step(tmp_path, log)}\n"
+        f"echo srun-exited >> {q_log}\n"
         # The batch shell is not signalled: it outlives the grace time, so the job is requeued, not completed.
         "sleep 600\n"
     )
     train = jobs.sbatch("-p", "train", "-N4", "--exclusive", f"--output={tmp_path}/train-%j.out", str(train_script))
-    wait_until(lambda: log_lines(log).count("start restart=0") == 1 and len(task_pids(slurm_cluster, train)) == 4,
-               "the train job's 4 tasks")  # fmt: skip
+    wait_until(
+        lambda: log_lines(log).count("start restart=0") == 1 and len(task_pids(slurm_cluster, train)) == 4,
+        "the train job's 4 tasks",
+    )
     assert jobs.state(train) == "RUNNING"
 
     infer = jobs.sbatch(
-        "-p", "infer", "-N4", "--exclusive", f"--output={tmp_path}/infer-%j.out",
-        f"--wrap=echo infer-start >> {log}; sleep 2; echo infer-end >> {log}",
+        "-p",
+        "infer",
+        "-N4",
+        "--exclusive",
+        f"--output={tmp_path}/infer-%j.out",
+        f"--wrap=echo infer-start >> {q_log}; sleep 2; echo infer-end >> {q_log}",
         suffix="-infer",
-    )  # fmt: skip
+    )
     train_states: list[str] = []
 
     def train_restarted() -> bool:
@@ -163,7 +185,7 @@ def test_infer_job_preempts_train_job_which_is_requeued(
 
 def test_scontrol_shrinks_a_running_job(slurm_cluster: LocalCluster, jobs: Jobs, tmp_path: Path) -> None:
     log = tmp_path / "events.log"
-    job = jobs.sbatch("-N4", "--exclusive", f"--output={tmp_path}/%j.out", f"--wrap={TASK.format(log=log)}")
+    job = jobs.sbatch("-N4", "--exclusive", f"--output={tmp_path}/%j.out", f"--wrap={task_step(tmp_path, log)}")
     wait_until(lambda: len(task_pids(slurm_cluster, job)) == 4, "a task on each of the 4 nodes")
     before = task_pids(slurm_cluster, job)
     batch_host = jobs.field(job, "BatchHost")
@@ -185,7 +207,7 @@ def test_kill_node_kills_only_that_nodes_task_and_restart_brings_it_back(
 ) -> None:
     log = tmp_path / "events.log"
     job = jobs.sbatch(
-        "-N4", "--exclusive", "--no-kill", f"--output={tmp_path}/%j.out", f"--wrap={TASK.format(log=log)}"
+        "-N4", "--exclusive", "--no-kill", f"--output={tmp_path}/%j.out", f"--wrap={task_step(tmp_path, log)}"
     )
     wait_until(lambda: len(task_pids(slurm_cluster, job)) == 4, "a task on each of the 4 nodes")
     before = task_pids(slurm_cluster, job)
