@@ -115,9 +115,9 @@ class LocalCluster:
 
     def up(self, hooks_dir: Path | str | None = None) -> bool:
         """Bring the cluster up (hooks from `hooks_dir` if given); True when something had to start."""
-        self.layout.log_dir.mkdir(parents=True, exist_ok=True)
         if self.layout.socket_path_too_long():
             raise ClusterError(f"state dir {str(self.state_dir)!r} is too long for Slurm's Unix sockets; use --dir")
+        self.layout.log_dir.mkdir(parents=True, exist_ok=True)
         system.ensure_packages(self.layout.log_dir)
         hooks = Hooks.from_dir(Path(hooks_dir)) if hooks_dir is not None else Hooks()
         conf = self.config(system.slurm_version(), hooks)
