@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -34,8 +36,9 @@ def spawned() -> Iterator[list[subprocess.Popen[bytes]]]:
     started: list[subprocess.Popen[bytes]] = []
     yield started
     for proc in started:
-        if proc.poll() is None:
-            proc.kill()
+        # Each runs in its own session: kill the whole group, children of `sh -c` included.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
 
 
@@ -70,7 +73,7 @@ def test_kill_at_once_and_descendants(spawned: list[subprocess.Popen[bytes]]) ->
 
 
 def test_read_environ_and_pid_file(tmp_path: Path, spawned: list[subprocess.Popen[bytes]]) -> None:
-    pid = _spawn(spawned, "sleep 300", env={**os.environ, "DEVCLUSTER_PROBE": "a=b"})
+    pid = _spawn(spawned, "exec sleep 300", env={**os.environ, "DEVCLUSTER_PROBE": "a=b"})
     _wait_for(lambda: procs.read_environ(pid).get("DEVCLUSTER_PROBE") == "a=b")
     (tmp_path / "x.pid").write_text(f"{pid}\n")
     assert procs.read_pid_file(tmp_path / "x.pid") == pid
@@ -102,7 +105,7 @@ def test_unix_socket_owner_found(tmp_path: Path, spawned: list[subprocess.Popen[
         "s.listen()\n"
         "time.sleep(300)\n"
     )
-    proc = subprocess.Popen([sys.executable, "-c", script])
+    proc = subprocess.Popen([sys.executable, "-c", script], start_new_session=True)
     spawned.append(proc)
     _wait_for(lambda: proc.pid in procs.unix_socket_pids(spool))
     assert proc.pid not in procs.unix_socket_pids(tmp_path / "spool" / "n1")
