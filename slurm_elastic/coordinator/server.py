@@ -91,6 +91,7 @@ class Coordinator:
         self._abrupt_since: tuple[int, float, int] | None = None  # (generation, detected at, last step)
         self._recent_commits: deque[Commit] = deque(maxlen=64)
         self._last_progress = 0.0
+        self._ticker_task: asyncio.Task[None] | None = None
         self.store: Any = None
         self.server: asyncio.AbstractServer | None = None
         self.address = ""
@@ -130,7 +131,7 @@ class Coordinator:
             expected_workers=cfg.expected_workers,
             recovery=cfg.recovery,
         )
-        asyncio.get_running_loop().create_task(self._ticker())
+        self._ticker_task = asyncio.get_running_loop().create_task(self._ticker())
 
     def settings(self) -> msg.WorkerSettings:
         cfg = self.config
@@ -252,7 +253,8 @@ class Coordinator:
             if self.agents.get(node) is not None and self.agents[node].writer is writer:
                 del self.agents[node]
                 lost = tuple(w for w, p in self.workers.items() if p.node == node)
-                self.events.emit("node_lost", node=node, workers=list(lost))
+                if self.state.phase in ("rendezvous", "running"):
+                    self.events.emit("node_lost", node=node, workers=list(lost))
                 for w in lost:
                     self._lose_worker(w, f"agent of node {node} lost")
 
@@ -529,6 +531,8 @@ class CoordinatorThread:
 
         async def shutdown() -> None:
             coord = self.coordinator
+            if coord._ticker_task is not None:
+                coord._ticker_task.cancel()
             if coord.server is not None:
                 coord.server.close()
             for peer in (*coord.workers.values(), *coord.agents.values()):

@@ -28,19 +28,31 @@ class CollectiveFailed(ElasticError):
     """A collective raised: a peer died or the connection broke."""
 
 
+class Waiter:
+    """One wait: woken by completion (`complete()`) or by the interrupt, and it knows which."""
+
+    def __init__(self) -> None:
+        self.wake = threading.Event()
+        self.completed = False
+
+    def complete(self) -> None:
+        self.completed = True
+        self.wake.set()
+
+
 class Interrupt:
     """Set by the control thread when the current generation is superseded; wakes every waiter."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._set = False
-        self._waiters: set[threading.Event] = set()
+        self._waiters: set[Waiter] = set()
 
     def set(self) -> None:
         with self._lock:
             self._set = True
             for waiter in self._waiters:
-                waiter.set()
+                waiter.wake.set()
 
     def clear(self) -> None:
         with self._lock:
@@ -49,23 +61,32 @@ class Interrupt:
     def is_set(self) -> bool:
         return self._set
 
-    def wait_for(self, done: threading.Event, timeout: float | None = None) -> bool:
-        """Block until `done` is set or the interrupt fires; returns whether `done` is set."""
+    def wait(self, waiter: Waiter, timeout: float | None = None) -> bool:
+        """Block until the waiter completes or the interrupt fires; returns whether it completed."""
         with self._lock:
             if self._set:
-                return done.is_set()
-            self._waiters.add(done)
+                return waiter.completed
+            self._waiters.add(waiter)
         try:
-            done.wait(timeout)
+            waiter.wake.wait(timeout)
         finally:
             with self._lock:
-                self._waiters.discard(done)
-        return done.is_set()
+                self._waiters.discard(waiter)
+        return waiter.completed
+
+
+_helpers: set[threading.Thread] = set()
+
+
+def leftovers() -> bool:
+    """Whether abandoned process groups or blocked helper threads remain (they outlive a recovery)."""
+    _helpers.difference_update([t for t in _helpers if not t.is_alive()])
+    return bool(_helpers or Group._graveyard)
 
 
 def run_interruptibly(fn: Callable[[], Any], interrupt: Interrupt, what: str) -> Any:
     """Run a blocking call on a helper thread; raise Interrupted if the interrupt fires first."""
-    done = threading.Event()
+    waiter = Waiter()
     box: dict[str, Any] = {}
 
     def target() -> None:
@@ -74,25 +95,27 @@ def run_interruptibly(fn: Callable[[], Any], interrupt: Interrupt, what: str) ->
         except BaseException as exc:  # reported to the waiting thread below
             box["error"] = exc
         finally:
-            done.set()
+            waiter.complete()
 
-    threading.Thread(target=target, name=f"se-{what}", daemon=True).start()
-    if not interrupt.wait_for(done):
+    thread = threading.Thread(target=target, name=f"se-{what}", daemon=True)
+    _helpers.add(thread)
+    thread.start()
+    if not interrupt.wait(waiter):
         raise Interrupted(what)
     if "error" in box:
         raise CollectiveFailed(f"{what}: {box['error']}") from box["error"]
-    return box.get("value")
+    return box["value"]
 
 
 def _wait_work(work: Any, interrupt: Interrupt, what: str) -> None:
-    done = threading.Event()
     try:
         future = work.get_future()
     except RuntimeError:  # gloo send/recv have no future: wait on a helper thread instead
         run_interruptibly(work.wait, interrupt, what)
         return
-    future.add_done_callback(lambda _: done.set())
-    if not interrupt.wait_for(done):
+    waiter = Waiter()
+    future.add_done_callback(lambda _: waiter.complete())
+    if not interrupt.wait(waiter):
         raise Interrupted(what)
     try:
         future.value()

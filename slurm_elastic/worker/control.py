@@ -42,6 +42,10 @@ class CoordinatorLost(ConnectionError):
     """The control connection closed: the coordinator is gone."""
 
 
+class JobOver(Exception):
+    """The coordinator turned the registration down because the job has ended."""
+
+
 class ControlClient:
     def __init__(self, address: str, secret: str, identity: Identity, interrupt: Interrupt) -> None:
         self.identity = identity
@@ -74,7 +78,7 @@ class ControlClient:
         )
         reply = self._channel.recv(timeout=60)
         if isinstance(reply, Stop):
-            raise CoordinatorLost(f"coordinator refused registration: {reply.reason}")
+            raise JobOver(reply.reason)
         if not isinstance(reply, Registered):
             raise CoordinatorLost(f"expected 'registered', got {reply.type!r}")
         self.settings = reply.settings

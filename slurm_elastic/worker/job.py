@@ -14,9 +14,13 @@ re-run the same global samples. A rank whose reduction completed is a step ahead
 
 from __future__ import annotations
 
+import atexit
 import datetime
+import logging
 import os
+import signal
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator, Sequence
@@ -37,6 +41,7 @@ from slurm_elastic.wire.messages import (
     AtBoundary,
     CollectiveFault,
     Committed,
+    DrainRequest,
     Failure,
     Finished,
     Leave,
@@ -45,8 +50,8 @@ from slurm_elastic.wire.messages import (
     WorkerEvent,
 )
 from slurm_elastic.worker.checkpoint import CheckpointWriter, load_latest
-from slurm_elastic.worker.comm import CollectiveFailed, Group, Interrupt, Interrupted, pick_backend
-from slurm_elastic.worker.control import Announcement, ControlClient, CoordinatorLost, Identity
+from slurm_elastic.worker.comm import CollectiveFailed, Group, Interrupt, Interrupted, leftovers, pick_backend
+from slurm_elastic.worker.control import Announcement, ControlClient, CoordinatorLost, Identity, JobOver
 from slurm_elastic.worker.env import WorkerEnv, worker_env
 from slurm_elastic.worker.state import Snapshot, capture, fingerprint, restore
 from slurm_elastic.worker.step import Step
@@ -104,11 +109,13 @@ class ElasticJob:
         self._group: Group | None = None
         self._control: ControlClient | None = None
         self._store: Any = None
+        self._store_address: tuple[str, int] = ("", 0)
         self._store_prefix = ""
         self._plan = plan_step(self._policy(), 1)
         self._acc = self._new_accumulator()
         self._boundary_due = False
         self._attempt: Step | None = None
+        self._exit_code = 0  # what the process should report if the library has to end it (see atexit)
         self._started = False
         self._finished = False
         self._faults = FaultInjector(self.env.faults, self.env.node, self.env.local_rank, self.env.incarnation)
@@ -268,24 +275,40 @@ class ElasticJob:
             self._enter_solo()
             return
         sys.excepthook = self._report_failure(sys.excepthook)
+        atexit.register(self._exit_without_leftovers)
         self._control = ControlClient(
             env.coordinator or "",
             env.secret,
             Identity(env.job_id, env.worker_id, env.node, env.local_rank),
             self._interrupt,
         )
-        settings = self._control.register(self.step if resumed else -1, os.getpid())
+        try:
+            settings = self._control.register(self.step if resumed else -1, os.getpid())
+        except JobOver as exc:
+            log.info("job_already_over", worker=env.worker_id, reason=str(exc))
+            self.close()
+            raise SystemExit(0) from None
+        self._handle_sigterm()
         self._backend = pick_backend(settings.backend)
         self._pg_timeout = settings.pg_timeout_s
-        self._store = torch.distributed.TCPStore(
-            settings.store_host,
-            settings.store_port,
-            is_master=False,
-            timeout=datetime.timedelta(seconds=settings.pg_timeout_s),
-            wait_for_workers=False,
-        )
+        self._store_address = (settings.store_host, settings.store_port)
         self._store_prefix = settings.store_prefix
         self._recover("start", first=True)
+
+    def _handle_sigterm(self) -> None:
+        """Slurm signals every process of a step on preemption: leave at the next step boundary instead."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        if signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, None):
+            return  # the user's own handler wins
+
+        def on_sigterm(signum: int, frame: object) -> None:
+            control = self._control
+            if control is not None:
+                drain = DrainRequest(nodes=[self.env.node], mode="boundary", reason="SIGTERM", source="worker")
+                threading.Thread(target=control.send, args=(drain,), daemon=True).start()
+
+        signal.signal(signal.SIGTERM, on_sigterm)
 
     def _enter_solo(self) -> None:
         if self._reference_world is None:
@@ -327,6 +350,7 @@ class ElasticJob:
                 ann = self._control.next_announcement(self.generation)
         except CoordinatorLost as exc:
             log.error("coordinator_lost", worker=self.env.worker_id, detail=str(exc))
+            self._exit_code = EXIT_COORDINATOR_LOST
             self.close()
             raise SystemExit(EXIT_COORDINATOR_LOST) from None
         if isinstance(ann, Leave):
@@ -342,6 +366,14 @@ class ElasticJob:
         self._control.enter_generation(ann.generation)
         self.generation, self.rank, self.world_size = ann.generation, ann.rank, len(ann.ranks)
         self.set_phase("recovery")
+        # A fresh store connection per generation: the client serialises requests, so a blocked call left
+        # behind by an abandoned generation (a peer that died mid-rendezvous) must not stall this one.
+        self._store = torch.distributed.TCPStore(
+            *self._store_address,
+            is_master=False,
+            timeout=datetime.timedelta(seconds=self._pg_timeout),
+            wait_for_workers=False,
+        )
         self._group = Group.form(
             self._store,
             self._store_prefix,
@@ -435,6 +467,7 @@ class ElasticJob:
         self.close()
         if stop.error:
             log.error("job_stopped", worker=self.env.worker_id, reason=stop.reason)
+            self._exit_code = 1
             raise SystemExit(1)
         raise SystemExit(0)
 
@@ -472,8 +505,19 @@ class ElasticJob:
             self._params[0].register_hook(lambda grad: faults.hit("backward", self.step + 1))
         self.optimizer.register_step_pre_hook(lambda *_: faults.hit("optimizer", self.step + 1))
 
+    def _exit_without_leftovers(self) -> None:
+        """Process groups abandoned in a recovery may still block in gloo threads until their timeout; at
+        interpreter exit their C++ destructors abort the process. When any are left, end it here instead."""
+        if not leftovers():
+            return
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(self._exit_code)
+
     def _report_failure(self, previous: Callable[..., Any]) -> Callable[..., Any]:
         def hook(kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
+            self._exit_code = 1
             if self._control is not None and not isinstance(exc, ElasticError | KeyboardInterrupt):
                 frames = traceback.extract_tb(tb)
                 where = f"{frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name}" if frames else "?"
