@@ -10,7 +10,7 @@ from slurm_elastic.errors import ConfigError, ElasticError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from slurm_elastic.commands import run
+    from slurm_elastic.commands import bench, demo, run
     from slurm_elastic.data import cli as data_cli
 
     parser = argparse.ArgumentParser(
@@ -23,6 +23,8 @@ def build_parser() -> argparse.ArgumentParser:
     agent.add_argument("agent_args", nargs=argparse.REMAINDER)
     agent.set_defaults(func=lambda a: __import__("slurm_elastic.agent", fromlist=["main"]).main(a.agent_args))
     data_cli.add_parser(sub)
+    demo.add_parser(sub)
+    bench.add_parser(sub)
     return parser
 
 

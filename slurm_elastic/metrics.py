@@ -25,13 +25,20 @@ class Recovery:
 
 
 def recovery_after(kill_time: float, commits: Sequence[CommitLike]) -> Recovery:
+    """Recovery is the first commit after the kill, of a step past the last one committed before it, that
+    no later commit rolls back: a checkpoint-restart can commit the step in flight and then replay it."""
     before = [c.step for c in commits if c.worker_time <= kill_time]
     last = max(before, default=0)
-    after = [c for c in commits if c.worker_time > kill_time and c.step > last]
-    if not after:
+    after = sorted((c for c in commits if c.worker_time > kill_time), key=lambda c: c.worker_time)
+    durable: CommitLike | None = None
+    lowest_later = math.inf
+    for c in reversed(after):  # a commit is durable when every later commit is of a later step
+        if c.step < lowest_later and c.step > last:
+            durable = c
+        lowest_later = min(lowest_later, c.step)
+    if durable is None:
         return Recovery(kill_time, last, None, None)
-    first = min(after, key=lambda c: c.worker_time)
-    return Recovery(kill_time, last, first.step, first.worker_time - kill_time)
+    return Recovery(kill_time, last, durable.step, durable.worker_time - kill_time)
 
 
 def median(values: Sequence[float]) -> float | None:

@@ -1,0 +1,1 @@
+"""Benchmarks: commands that measure, in one invocation, what the project claims."""

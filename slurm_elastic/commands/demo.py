@@ -1,0 +1,27 @@
+"""`slurm-elastic demo`: kill a node mid-run, add one later, compare with an uninterrupted run."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("demo", help="the elastic demo on 4 local nodes (or --slurm)", description=__doc__)
+    p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    p.add_argument("--slurm", action="store_true", help="run through elastic_core.sbatch on the local Slurm cluster")
+    p.add_argument("--keep", type=Path, default=None, metavar="DIR", help="keep logs, events and models in DIR")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from slurm_elastic.logs import configure_logging
+
+    configure_logging("json" if args.json else "console", "WARNING")
+    if args.slurm:
+        from slurm_elastic.slurmdemo import main as slurm_main
+
+        return slurm_main(args.json, args.keep)
+    from slurm_elastic.demo import main
+
+    return main(args.json, workdir=args.keep)
