@@ -35,6 +35,7 @@ from slurm_elastic.wire.messages import (
 
 log = structlog.get_logger("slurm_elastic.agent")
 EXIT_FAILED = 1
+EXIT_DRAINED_BY_SIGNAL = 75  # EX_TEMPFAIL: preempted or told to stop by Slurm; a satellite should requeue
 
 
 @dataclass
@@ -69,6 +70,7 @@ class Agent:
         self._lock = threading.Condition()
         self._channel: Channel | None = None
         self._draining = False
+        self._signalled = False
         self._stop: Stop | None = None
         self._coordinator_lost = False
 
@@ -180,6 +182,10 @@ class Agent:
             time.sleep(self.config.heartbeat_interval_s)
             self._report(Heartbeat(generation=0, step=-1, phase="init"))
 
+    def _on_signal(self, signum: int, frame: object) -> None:
+        self._signalled = True
+        threading.Thread(target=self.request_drain, args=(signal.Signals(signum).name,), daemon=True).start()
+
     def request_drain(self, reason: str) -> None:
         with self._lock:
             if self._draining:
@@ -241,7 +247,7 @@ class Agent:
             return EXIT_FAILED
         if self._stop is not None and self._stop.error:
             return EXIT_FAILED
-        return 0
+        return EXIT_DRAINED_BY_SIGNAL if self._signalled and self._stop is None else 0
 
     def _terminate_workers(self, grace_s: float = 10.0) -> None:
         deadline = time.monotonic() + grace_s
@@ -253,10 +259,44 @@ class Agent:
             self._signal_workers(signal.SIGKILL)
 
 
+def _join_config(core_job: str, node: str, command: list[str]) -> AgentConfig:
+    """A satellite agent: everything but the node name comes from the running core job's directory."""
+    from slurm_elastic.jobdir import JobHandle, LaunchInfo, hook_comment, job_dir
+
+    directory = job_dir(core_job)
+    handle, info = JobHandle.read(directory), LaunchInfo.read(directory)
+    satellite = os.environ.get("SLURM_JOB_ID")
+    if satellite:
+        from slurm_elastic.errors import SlurmError
+        from slurm_elastic.slurm import get_backend
+
+        try:  # lets the admin hooks on this node find the core job's coordinator
+            get_backend().set_comment(satellite, hook_comment(directory))
+        except SlurmError as exc:
+            log.warning("set_comment_failed", slurm_job=satellite, error=str(exc))
+    return AgentConfig(
+        node=node,
+        nproc=info.nproc_per_node,
+        coordinator=handle.address,
+        secret=handle.secret,
+        job_id=handle.job_id,
+        command=command or info.command,
+        max_restarts=info.max_restarts,
+        drain_grace_s=info.drain_grace_s,
+        heartbeat_interval_s=info.heartbeat_interval_s,
+        run=int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0),
+        slurm_job_id=satellite,
+        worker_env=info.worker_env,
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="slurm-elastic agent", description=__doc__)
-    parser.add_argument("--coordinator", required=True, help="HOST:PORT of the job's coordinator")
-    parser.add_argument("--job-id", required=True)
+    parser.add_argument("--coordinator", help="HOST:PORT of the job's coordinator")
+    parser.add_argument("--job-id")
+    parser.add_argument(
+        "--join", metavar="CORE_JOB", help="join the running job CORE_JOB as extra capacity (satellite)"
+    )
     parser.add_argument("--node", default=None, help="node name (default: SLURMD_NODENAME or the host name)")
     parser.add_argument("--nproc", type=int, default=1)
     parser.add_argument("--max-restarts", type=int, default=3)
@@ -265,27 +305,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    secret = os.environ.get("SLURM_ELASTIC_SECRET", "")
-    if not command or not secret:
-        parser.error("a command after -- and SLURM_ELASTIC_SECRET in the environment are required")
     from slurm_elastic.logs import configure_logging
 
     configure_logging(os.environ.get("SLURM_ELASTIC_LOG_FORMAT", "console"))  # type: ignore[arg-type]
     node = args.node or os.environ.get("SLURMD_NODENAME") or socket.gethostname()
-    config = AgentConfig(
-        node=node,
-        nproc=args.nproc,
-        coordinator=args.coordinator,
-        secret=secret,
-        job_id=args.job_id,
-        command=command,
-        max_restarts=args.max_restarts,
-        drain_grace_s=args.drain_grace_s,
-        heartbeat_interval_s=args.heartbeat_interval_s,
-        run=int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0),
-        slurm_job_id=os.environ.get("SLURM_JOB_ID"),
-    )
     try:
+        if args.join:
+            config = _join_config(args.join, node, command)
+        else:
+            secret = os.environ.get("SLURM_ELASTIC_SECRET", "")
+            if not (args.coordinator and args.job_id and command and secret):
+                parser.error("--coordinator, --job-id, a command after -- and SLURM_ELASTIC_SECRET are required")
+            config = AgentConfig(
+                node=node,
+                nproc=args.nproc,
+                coordinator=args.coordinator,
+                secret=secret,
+                job_id=args.job_id,
+                command=command,
+                max_restarts=args.max_restarts,
+                drain_grace_s=args.drain_grace_s,
+                heartbeat_interval_s=args.heartbeat_interval_s,
+                run=int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0),
+                slurm_job_id=os.environ.get("SLURM_JOB_ID"),
+            )
         return Agent(config).run()
     except (ElasticError, OSError) as exc:
         print(f"slurm-elastic agent: error: {exc}", file=sys.stderr)

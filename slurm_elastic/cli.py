@@ -10,7 +10,7 @@ from slurm_elastic.errors import ConfigError, ElasticError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from slurm_elastic.commands import bench, demo, run
+    from slurm_elastic.commands import bench, demo, jobs, run
     from slurm_elastic.data import cli as data_cli
 
     parser = argparse.ArgumentParser(
@@ -25,6 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     data_cli.add_parser(sub)
     demo.add_parser(sub)
     bench.add_parser(sub)
+    jobs.add_parsers(sub)
     return parser
 
 

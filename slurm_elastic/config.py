@@ -39,6 +39,8 @@ class JobConfig(BaseModel):
     checkpoint_dir: Path | None = None
     checkpoint_every: int = Field(default=0, ge=0)
     ledger_dir: Path | None = None
+    node_watch_interval_s: float = Field(default=5.0, gt=0)
+    requeue: bool = True
 
     @property
     def expected_workers(self) -> int:

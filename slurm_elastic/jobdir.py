@@ -68,3 +68,39 @@ def find_job(job_id: str, root: Path | None = None) -> JobHandle:
 
 def new_local_job_id() -> str:
     return f"local-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+
+
+LAUNCH = "launch.json"
+
+
+@dataclass(frozen=True)
+class LaunchInfo:
+    """How to start one more node of a running job (read by satellite agents)."""
+
+    command: list[str]
+    nproc_per_node: int
+    max_restarts: int
+    drain_grace_s: float
+    heartbeat_interval_s: float
+    worker_env: dict[str, str]
+
+    def write(self, directory: Path) -> Path:
+        path = directory / LAUNCH
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(asdict(self)))
+        os.replace(tmp, path)
+        return path
+
+    @classmethod
+    def read(cls, directory: Path) -> LaunchInfo:
+        try:
+            return cls(**json.loads((directory / LAUNCH).read_text()))
+        except FileNotFoundError:
+            raise ElasticError(f"no running job found at {directory} (missing {LAUNCH})") from None
+        except (ValueError, TypeError) as exc:
+            raise ElasticError(f"{directory / LAUNCH} is not valid: {exc}") from None
+
+
+def hook_comment(directory: Path) -> str:
+    """The Slurm job comment that lets the admin hooks find the job's coordinator."""
+    return f"slurm-elastic:{(directory / HANDLE).resolve()}"

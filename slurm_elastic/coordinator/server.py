@@ -44,6 +44,7 @@ class Peer:
     phase: str = "init"
     phase_since: float = 0.0
     pid: int = 0
+    slurm_job: str | None = None
 
 
 @dataclass(frozen=True)
@@ -92,6 +93,8 @@ class Coordinator:
         self._recent_commits: deque[Commit] = deque(maxlen=64)
         self._last_progress = 0.0
         self._ticker_task: asyncio.Task[None] | None = None
+        self.pool_keep_pending = 0  # read by the Slurm launcher, set by `grow --keep-pending`
+        self.pool_partition: str | None = None
         self.store: Any = None
         self.server: asyncio.AbstractServer | None = None
         self.address = ""
@@ -226,7 +229,7 @@ class Coordinator:
         if node in self.agents:
             write_message(writer, msg.Stop(reason=f"node {node} already has an agent"))
             return
-        self.agents[node] = Peer(writer, node, time.monotonic(), pid=reg.pid)
+        self.agents[node] = Peer(writer, node, time.monotonic(), pid=reg.pid, slurm_job=reg.slurm_job_id)
         write_message(writer, msg.Ack(ok=True, detail=self.config.job_id))
         self.events.emit("node_registered", node=node, host=reg.host, nproc=reg.nproc, slurm_job=reg.slurm_job_id)
         try:
@@ -269,6 +272,10 @@ class Coordinator:
             write_message(writer, self.status())
         elif isinstance(first, msg.DrainRequest):
             write_message(writer, self._on_drain(first))
+        elif isinstance(first, msg.KeepPending):
+            self.pool_keep_pending, self.pool_partition = first.count, first.partition
+            self.events.emit("keep_pending", count=first.count, partition=first.partition)
+            write_message(writer, msg.Ack(ok=True, detail=f"keeping {first.count} satellites pending"))
         else:
             write_message(writer, msg.Ack(ok=False, detail=f"unsupported request {first.type!r}"))
         await writer.drain()
@@ -467,6 +474,7 @@ class Coordinator:
             loss=last.loss if last else None,
             samples_per_s=self._throughput(),
             nodes=sorted(self.agents),
+            node_jobs={n: p.slurm_job for n, p in sorted(self.agents.items())},
             members=members,
             pending=list(self.state.joiners),
             draining=sorted(self.state.draining),

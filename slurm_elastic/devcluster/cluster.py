@@ -66,8 +66,15 @@ class LocalCluster:
         )
 
     def config(self, version: SlurmVersion, hooks: Hooks | None = None) -> ClusterConf:
+        # A port offset lets a second cluster (another state dir) run beside the first on one machine.
+        offset = int(os.environ.get("SLURM_ELASTIC_CLUSTER_PORT_OFFSET", "0") or 0)
         return ClusterConf(
-            state_dir=self.state_dir, version=version, node_count=len(self.nodes), hooks=hooks or Hooks()
+            state_dir=self.state_dir,
+            version=version,
+            node_count=len(self.nodes),
+            hooks=hooks or Hooks(),
+            ctld_port=16817 + offset,
+            slurmd_base_port=17001 + offset,
         )
 
     # --- state -----------------------------------------------------------------------------------

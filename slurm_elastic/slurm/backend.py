@@ -74,6 +74,10 @@ class SlurmBackend(Protocol):
         """Shrink a running job (`scontrol update JobId= NumNodes=|NodeList=`); the batch host stays."""
         ...
 
+    def set_comment(self, job_id: str, comment: str) -> None:
+        """`scontrol update JobId=X Comment=...`: how hooks find an elastic job's coordinator."""
+        ...
+
     def set_node_state(self, names: Iterable[str] | str, state: str, reason: str) -> None:
         """`scontrol update NodeName=... State=... Reason=...` (DRAIN, RESUME, DOWN, ...)."""
         ...

@@ -215,6 +215,11 @@ class CliBackend:
             fields.append(f"NodeList={compress_hostlist(names)}")
         self._checked_job_command("scontrol", "update", *fields, job_id=str(job_id))
 
+    def set_comment(self, job_id: str, comment: str) -> None:
+        if "\n" in comment or len(comment) > 4000:
+            raise SlurmRequestError(f"a job comment must be one line of at most 4000 characters, got {comment[:80]!r}")
+        self._checked_job_command("scontrol", "update", f"JobId={job_id}", f"Comment={comment}", job_id=str(job_id))
+
     def set_node_state(self, names: Iterable[str] | str, state: str, reason: str) -> None:
         hostlist, wanted = check_node_update(names, state, reason)
         fields = [f"NodeName={hostlist}", f"State={wanted}"]

@@ -238,6 +238,10 @@ class FakeSlurm:
         self._release_nodes(tuple(n for n in current if n not in keep))
         job.info = replace(job.info, nodes=kept, num_nodes=len(kept))
 
+    def set_comment(self, job_id: str, comment: str) -> None:
+        job = self._get(job_id)
+        job.info = replace(job.info, comment=comment)
+
     def set_node_state(self, names: Iterable[str] | str, state: str, reason: str) -> None:
         hostlist, wanted = check_node_update(names, state, reason)
         targets = expand_hostlist(hostlist)

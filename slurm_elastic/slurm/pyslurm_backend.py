@@ -129,6 +129,9 @@ class PyslurmBackend:
     ) -> None:
         self._cli.resize_job(job_id, num_nodes=num_nodes, nodelist=nodelist)
 
+    def set_comment(self, job_id: str, comment: str) -> None:
+        self._cli.set_comment(job_id, comment)
+
     def set_node_state(self, names: Iterable[str] | str, state: str, reason: str) -> None:
         hostlist, wanted = check_node_update(names, state, reason)
         changes = self._ps.Node(state=wanted, reason=reason.strip() or None)

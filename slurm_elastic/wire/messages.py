@@ -205,6 +205,14 @@ class DrainRequest(_Msg):
     source: str = Field(default="client", max_length=64)
 
 
+class KeepPending(_Msg):
+    """Keep `count` satellite jobs pending in the queue, so freed nodes are taken at once (0: stop)."""
+
+    type: Literal["keep_pending"] = "keep_pending"
+    count: int = Field(ge=0, le=1000)
+    partition: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.\-]{1,64}$")
+
+
 class StatusRequest(_Msg):
     type: Literal["status"] = "status"
 
@@ -234,6 +242,7 @@ class StatusReply(_Msg):
     loss: float | None
     samples_per_s: float | None
     nodes: list[str]
+    node_jobs: dict[str, str | None] = Field(default_factory=dict)  # node -> the Slurm job its agent runs in
     members: list[MemberStatus]
     pending: list[str]
     draining: list[str]
@@ -263,6 +272,7 @@ Message = Annotated[
     | KillWorker
     | RestartWorkers
     | DrainRequest
+    | KeepPending
     | StatusRequest
     | Ack
     | StatusReply,

@@ -1,0 +1,148 @@
+"""Operator commands for a running job: `status`, `reclaim` (give nodes back) and `grow` (add satellites)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+from slurm_elastic.commands.common import fail
+from slurm_elastic.errors import ElasticError, SlurmError
+from slurm_elastic.jobdir import JobHandle, find_job
+from slurm_elastic.wire import messages as msg
+from slurm_elastic.wire.channel import request
+
+
+def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    status = sub.add_parser("status", help="what a running job is doing")
+    status.add_argument("--job", required=True, help="the job id (Slurm job id, or the local launcher's id)")
+    status.add_argument("--json", action="store_true")
+    status.set_defaults(func=run_status)
+
+    reclaim = sub.add_parser("reclaim", help="take K nodes back from a running job, at a step boundary")
+    reclaim.add_argument("--job", required=True)
+    reclaim.add_argument("--nodes", type=int, required=True, metavar="K")
+    reclaim.add_argument("--timeout", type=float, default=600.0, help="give up after this many seconds")
+    reclaim.set_defaults(func=run_reclaim)
+
+    grow = sub.add_parser("grow", help="add K nodes to a running job as preemptible satellite jobs")
+    grow.add_argument("--job", required=True)
+    grow.add_argument("--nodes", type=int, required=True, metavar="K")
+    grow.add_argument("--partition", default=None)
+    grow.add_argument("--keep-pending", action="store_true", help="keep K satellites queued for freed nodes")
+    grow.set_defaults(func=run_grow)
+
+
+def _ask(handle: JobHandle, message: msg.KeepPending | msg.DrainRequest | msg.StatusRequest) -> msg.Message:
+    try:
+        return request(handle.address, message, secret=handle.secret, job_id=handle.job_id)
+    except OSError as exc:
+        raise ElasticError(f"job {handle.job_id}'s coordinator at {handle.address} does not answer: {exc}") from None
+
+
+def status_of(handle: JobHandle) -> msg.StatusReply:
+    reply = _ask(handle, msg.StatusRequest())
+    if not isinstance(reply, msg.StatusReply):
+        raise ElasticError(f"unexpected answer {reply.type!r} from job {handle.job_id}")
+    return reply
+
+
+def render_status(s: msg.StatusReply) -> str:
+    rate = f", {s.samples_per_s:.1f} samples/s" if s.samples_per_s else ""
+    loss = f", loss {s.loss:.4f}" if s.loss is not None else ""
+    lines = [f"job {s.job_id}: {s.state}, generation {s.generation}, world {s.world_size}, step {s.step}{loss}{rate}"]
+    nodes = [f"{n} (slurm job {s.node_jobs.get(n)})" if s.node_jobs.get(n) else n for n in s.nodes]
+    lines.append(f"nodes: {', '.join(nodes) or '-'}")
+    lines.append("members:")
+    for m in s.members:
+        rank = f"rank {m.rank:<3}" if m.rank is not None else "joining "
+        lines.append(f"  {rank} {m.worker_id:<24} step {m.step:<7} {m.phase:<10} seen {m.last_seen_s:.1f} s ago")
+    if s.pending:
+        lines.append(f"joining at the next step boundary: {', '.join(s.pending)}")
+    if s.draining:
+        lines.append(f"draining at the next step boundary: {', '.join(s.draining)}")
+    lines.append("last events:")
+    skip = {"event", "job", "time"}
+    for e in s.events[-10:]:
+        when = time.strftime("%H:%M:%S", time.localtime(e["time"]))
+        detail = " ".join(f"{k}={v}" for k, v in e.items() if k not in skip and not isinstance(v, list | dict))
+        lines.append(f"  {when} {e['event']} {detail}"[:160])
+    return "\n".join(lines)
+
+
+def run_status(args: argparse.Namespace) -> int:
+    reply = status_of(find_job(args.job))
+    print(reply.model_dump_json() if args.json else render_status(reply))
+    return 0
+
+
+def choose_nodes_to_reclaim(status: msg.StatusReply, core_job: str, batch_host: str | None, count: int) -> list[str]:
+    """Satellites first (their jobs can simply end), then core nodes from the last; never the batch host."""
+    candidates = [n for n in status.nodes if n != batch_host]
+    satellites = [n for n in candidates if status.node_jobs.get(n) not in (None, core_job)]
+    core = [n for n in reversed(candidates) if n not in satellites]
+    chosen = (satellites + core)[:count]
+    if len(chosen) < count:
+        raise ElasticError(
+            f"job {core_job} can give back at most {len(candidates)} nodes now (the batch host {batch_host} stays)"
+        )
+    return chosen
+
+
+def run_reclaim(args: argparse.Namespace) -> int:
+    from slurm_elastic.slurm import get_backend
+
+    if args.nodes < 1:
+        return fail(f"--nodes {args.nodes}: expected at least 1")
+    handle = find_job(args.job)
+    backend = get_backend()
+    core = backend.job(args.job)
+    status = status_of(handle)
+    nodes = choose_nodes_to_reclaim(status, args.job, core.batch_host, args.nodes)
+    print(f"reclaim: draining {', '.join(nodes)} from job {args.job} at the next step boundary")
+    _ask(handle, msg.DrainRequest(nodes=nodes, mode="boundary", reason="reclaimed by an operator", source="reclaim"))
+    deadline = time.monotonic() + args.timeout
+    while set(nodes) & set(status_of(handle).nodes):
+        if time.monotonic() > deadline:
+            return fail(f"nodes {nodes} did not leave job {args.job} within {args.timeout:.0f} s", 1)
+        time.sleep(0.2)
+    satellites = {status.node_jobs[n] for n in nodes if status.node_jobs.get(n) not in (None, args.job)}
+    core_nodes = [n for n in nodes if status.node_jobs.get(n) in (None, args.job)]
+    try:
+        for job_id in sorted(s for s in satellites if s):
+            backend.cancel(job_id)
+        if core_nodes:
+            keep = [n for n in backend.job(args.job).nodes if n not in core_nodes]
+            backend.resize_job(args.job, nodelist=keep)
+        while True:
+            held = set(backend.job(args.job).nodes) & set(core_nodes)
+            busy = [s for s in satellites if s and not backend.job(s).is_finished]
+            if not held and not busy:
+                break
+            if time.monotonic() > deadline:
+                return fail(f"Slurm did not release {sorted(held) + busy} within {args.timeout:.0f} s", 1)
+            time.sleep(0.5)
+    except SlurmError as exc:
+        return fail(f"the nodes left the training job, but Slurm did not release them: {exc}", 1)
+    print(f"reclaim: released {', '.join(nodes)}")
+    return 0
+
+
+def run_grow(args: argparse.Namespace) -> int:
+    from slurm_elastic.launch.slurm import submit_satellite
+    from slurm_elastic.slurm import get_backend
+
+    if args.nodes < 1:
+        return fail(f"--nodes {args.nodes}: expected at least 1")
+    handle = find_job(args.job)
+    if args.keep_pending:
+        reply = _ask(handle, msg.KeepPending(count=args.nodes, partition=args.partition))
+        print(
+            f"grow: job {args.job} keeps {args.nodes} satellite(s) pending"
+            + (f" ({reply.detail})" if isinstance(reply, msg.Ack) else "")
+        )
+        return 0
+    backend = get_backend()
+    ids = [submit_satellite(backend, args.job, args.partition) for _ in range(args.nodes)]
+    print(json.dumps({"job": args.job, "satellites": ids}))
+    return 0

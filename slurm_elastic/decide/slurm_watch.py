@@ -1,0 +1,35 @@
+"""Decisions of the launcher inside a Slurm allocation: which Slurm node states become drains, and how
+many satellite jobs to submit so that `keep_pending` of them wait in the queue."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Literal
+
+from slurm_elastic.slurm import NodeInfo
+
+
+@dataclass(frozen=True)
+class NodeDrain:
+    node: str
+    mode: Literal["boundary", "now"]
+    reason: str
+
+
+def drains_for(nodes: Iterable[NodeInfo], members: set[str], notified: set[str]) -> list[NodeDrain]:
+    """FAIL or DOWN: leave now; DRAIN: leave at the next step boundary. Each node once."""
+    out = []
+    for node in nodes:
+        if node.name not in members or node.name in notified:
+            continue
+        why = f"Slurm marks {node.name} {node.state}" + (f" ({node.reason})" if node.reason else "")
+        if node.down or "FAIL" in node.flags or node.state == "FAIL":
+            out.append(NodeDrain(node.name, "now", why))
+        elif node.drain:
+            out.append(NodeDrain(node.name, "boundary", why))
+    return out
+
+
+def satellites_to_submit(pending: int, keep_pending: int, limit: int = 64) -> int:
+    return max(0, min(keep_pending - pending, limit))

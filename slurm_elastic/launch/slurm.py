@@ -1,0 +1,235 @@
+"""`slurm-elastic run` inside a Slurm allocation (the batch script of `elastic_core.sbatch`).
+
+The coordinator runs here, on the batch host. One agent per node starts with
+`srun --no-kill --kill-on-bad-exit=0 --ntasks-per-node=1`, so that losing a node's task kills neither the
+step nor the job. The node list comes from Slurm itself (the environment's goes stale after a shrink or
+a requeue). While the job runs, this process also turns Slurm node states into drains, keeps the pool of
+pending satellite jobs that `grow --keep-pending` asked for, and on SIGTERM (the job's time is up, or
+the whole job is being preempted) drains every node, has rank 0 write a disaster-recovery checkpoint
+and requeues the job, which then resumes from it, possibly on a different number of nodes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import structlog
+
+from slurm_elastic.commands.common import fail, job_config
+from slurm_elastic.config import JobConfig
+from slurm_elastic.coordinator import CoordinatorConfig, CoordinatorThread
+from slurm_elastic.decide.slurm_watch import drains_for, satellites_to_submit
+from slurm_elastic.errors import ElasticError, SlurmError
+from slurm_elastic.jobdir import JobHandle, LaunchInfo, hook_comment, job_dir
+from slurm_elastic.logs import configure_logging
+from slurm_elastic.slurm import SlurmBackend, get_backend, srun_argv
+from slurm_elastic.wire.channel import new_secret
+
+log = structlog.get_logger("slurm_elastic.launch")
+SATELLITE_TEMPLATE = Path(__file__).resolve().parents[2] / "sbatch_templates" / "elastic_satellite.sbatch"
+
+
+def satellite_name(core_job: str) -> str:
+    return f"se-sat-{core_job}"
+
+
+def worker_env(config: JobConfig, directory: Path) -> dict[str, str]:
+    env = {
+        "SLURM_ELASTIC_CHECKPOINT_DIR": str(config.checkpoint_dir or directory / "checkpoints"),
+        "SLURM_ELASTIC_CHECKPOINT_EVERY": str(config.checkpoint_every),
+        "SLURM_ELASTIC_LOG_FORMAT": config.log_format,
+    }
+    if config.ledger_dir:
+        env["SLURM_ELASTIC_LEDGER_DIR"] = str(config.ledger_dir)
+    return env
+
+
+def _advertised_host(config: JobConfig) -> str:
+    if "SLURM_ELASTIC_HOST" in os.environ or config.host != "127.0.0.1":
+        return config.host
+    # Default inside an allocation: the batch host's own address, so agents on other nodes can reach it.
+    return socket.gethostbyname(socket.gethostname())
+
+
+class SlurmLaunch:
+    def __init__(self, config: JobConfig, command: list[str], backend: SlurmBackend, slurm_job: str) -> None:
+        self.config = config
+        self.command = command
+        self.backend = backend
+        self.slurm_job = slurm_job
+        self.dir = job_dir(slurm_job)
+        self.secret = new_secret()
+        self.stop_requested = threading.Event()
+        self.srun: subprocess.Popen[bytes] | None = None
+        self.coordinator: CoordinatorThread | None = None
+        self._notified: set[str] = set()
+
+    def start(self) -> None:
+        cfg = self.config
+        info = self.backend.job(self.slurm_job)
+        nodes = list(info.nodes)
+        host = _advertised_host(cfg)
+        if info.restart_count == 0 and self.dir.exists():
+            # A fresh job whose id was used before (a reset controller): never resume someone else's state.
+            stale = self.dir.with_name(f"{self.dir.name}.stale-{int(time.time())}")
+            self.dir.rename(stale)
+            log.warning("stale_job_dir_moved", slurm_job=self.slurm_job, moved_to=str(stale))
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.coordinator = CoordinatorThread(
+            CoordinatorConfig(
+                job_id=self.slurm_job,
+                secret=self.secret,
+                expected_workers=len(nodes) * cfg.nproc_per_node,
+                min_workers=min(cfg.min_workers, len(nodes) * cfg.nproc_per_node),
+                host=host,
+                port=cfg.port,
+                heartbeat_interval_s=cfg.heartbeat_interval_s,
+                lease_timeout_s=cfg.lease_timeout_s,
+                hang_timeout_s=cfg.hang_timeout_s,
+                rendezvous_timeout_s=cfg.rendezvous_timeout_s,
+                pg_timeout_s=cfg.pg_timeout_s,
+                backend=cfg.backend,
+                recovery=cfg.recovery,
+                max_identical_failures=cfg.max_identical_failures,
+                progress_interval_s=cfg.progress_interval_s,
+                events_path=self.dir / "events.jsonl",
+            )
+        ).start()
+        address = self.coordinator.address
+        env = worker_env(cfg, self.dir)
+        LaunchInfo(
+            self.command, cfg.nproc_per_node, cfg.max_restarts, cfg.drain_grace_s, cfg.heartbeat_interval_s, env
+        ).write(self.dir)
+        JobHandle(self.slurm_job, address, self.secret, socket.gethostname(), os.getpid(), time.time()).write(self.dir)
+        with contextlib.suppress(SlurmError):
+            self.backend.set_comment(self.slurm_job, hook_comment(self.dir))
+        self.coordinator.coordinator.events.emit(
+            "slurm_job_started", slurm_job=self.slurm_job, nodes=nodes, restart_count=info.restart_count
+        )
+        agent = [
+            sys.executable, "-m", "slurm_elastic.agent",
+            "--coordinator", address,
+            "--job-id", self.slurm_job,
+            "--nproc", str(cfg.nproc_per_node),
+            "--max-restarts", str(cfg.max_restarts),
+            "--drain-grace-s", str(cfg.drain_grace_s),
+            "--heartbeat-interval-s", str(cfg.heartbeat_interval_s),
+            "--", *self.command,
+        ]  # fmt: skip
+        argv = srun_argv(agent, nodes=len(nodes), nodelist=nodes, extra=("--export=ALL",))
+        self.srun = subprocess.Popen(argv, env={**os.environ, **env, "SLURM_ELASTIC_SECRET": self.secret})
+
+    # --- the loop -------------------------------------------------------------------------------------
+
+    def supervise(self) -> str:
+        assert self.coordinator is not None
+        coord = self.coordinator.coordinator
+        next_watch = next_pool = 0.0
+        suspend_sent = False
+        while not coord.done.wait(0.2):
+            now = time.monotonic()
+            if self.stop_requested.is_set() and not suspend_sent:
+                suspend_sent = True
+                nodes = self.coordinator.call(lambda: sorted(coord.agents))
+                if nodes:
+                    self.coordinator.drain(nodes, "boundary", "the Slurm job is stopping (SIGTERM)")
+            if now >= next_watch:
+                next_watch = now + self.config.node_watch_interval_s
+                self._watch_nodes()
+            if now >= next_pool:
+                next_pool = now + 2.0
+                self._keep_pool()
+        return self.coordinator.view().phase
+
+    def _watch_nodes(self) -> None:
+        assert self.coordinator is not None
+        coord = self.coordinator.coordinator
+        members = set(self.coordinator.call(lambda: sorted(coord.agents)))
+        if not members:
+            return
+        try:
+            states = self.backend.nodes(sorted(members))
+        except SlurmError as exc:
+            log.warning("node_watch_failed", error=str(exc))
+            return
+        for drain in drains_for(states, members, self._notified):
+            self._notified.add(drain.node)
+            self.coordinator.drain([drain.node], drain.mode, drain.reason)
+
+    def _keep_pool(self) -> None:
+        assert self.coordinator is not None
+        coord = self.coordinator.coordinator
+        want = coord.pool_keep_pending
+        if want <= 0:
+            return
+        try:
+            pending = [j for j in self.backend.jobs(name=satellite_name(self.slurm_job)) if j.is_pending]
+            for _ in range(satellites_to_submit(len(pending), want)):
+                submit_satellite(self.backend, self.slurm_job, coord.pool_partition)
+        except SlurmError as exc:
+            log.warning("satellite_pool_failed", error=str(exc))
+
+    def finish(self, phase: str) -> None:
+        if self.srun is not None and self.srun.poll() is None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.srun.wait(timeout=self.config.drain_grace_s)
+            if self.srun.poll() is None:
+                self.srun.terminate()
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self.srun.wait(timeout=10)
+                if self.srun.poll() is None:
+                    self.srun.kill()
+        with contextlib.suppress(SlurmError):
+            for job in self.backend.jobs(name=satellite_name(self.slurm_job)):
+                if not job.is_finished:
+                    self.backend.cancel(job.job_id)
+        if phase == "suspended" and self.config.requeue:
+            with contextlib.suppress(SlurmError):
+                self.backend.requeue(self.slurm_job)
+                log.info("job_requeued", slurm_job=self.slurm_job)
+        if self.coordinator is not None:
+            self.coordinator.stop()
+        with contextlib.suppress(FileNotFoundError):
+            (self.dir / "coordinator.json").unlink()
+
+
+def submit_satellite(backend: SlurmBackend, core_job: str, partition: str | None) -> str:
+    if not SATELLITE_TEMPLATE.is_file():
+        raise ElasticError(f"satellite template {SATELLITE_TEMPLATE} is missing")
+    args = [f"--job-name={satellite_name(core_job)}"]
+    if partition:
+        args.append(f"--partition={partition}")
+    env = {"SE_PYTHON": sys.executable, **os.environ, "SLURM_ELASTIC_CORE_JOB": core_job}
+    return backend.submit(SATELLITE_TEMPLATE, args=args, env=env)
+
+
+def run_in_allocation(args: argparse.Namespace, command: list[str]) -> int:
+    slurm_job = os.environ.get("SLURM_JOB_ID")
+    if not slurm_job:
+        return fail("`run` without --local needs a Slurm allocation (SLURM_JOB_ID is unset): submit it with sbatch")
+    config = job_config(args, os.environ)
+    configure_logging(config.log_format, config.log_level)
+    launch = SlurmLaunch(config, command, get_backend(), slurm_job)
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2):
+        signal.signal(sig, lambda *_: launch.stop_requested.set())
+    launch.start()
+    phase = "failed"
+    try:
+        phase = launch.supervise()
+    finally:
+        launch.finish(phase)
+    view = launch.coordinator.view() if launch.coordinator else None
+    if phase in ("finished", "suspended"):
+        return 0
+    if view is not None and view.failure_traceback:
+        sys.stderr.write(view.failure_traceback)
+    return fail(f"job {slurm_job} {phase}: {view.reason if view else ''}", 1)

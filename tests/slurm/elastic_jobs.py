@@ -1,0 +1,134 @@
+"""Submit elastic training jobs to the local Slurm cluster and watch them through their events."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from slurm_elastic.data import default_corpus, prepare_data
+from slurm_elastic.ledger import LedgerReport, analyze
+from slurm_elastic.metrics import max_param_rel_diff
+from slurm_elastic.slurm import CliBackend, JobInfo
+
+REPO = Path(__file__).resolve().parents[2]
+CORE = REPO / "sbatch_templates" / "elastic_core.sbatch"
+SLOW = REPO / "tests" / "integration" / "train_slow.py"
+TOLERANCE = 1e-6
+
+
+def corpus(root: Path) -> Path:
+    out = root / "corpus"
+    if not (out / "meta.json").exists():
+        prepare_data(default_corpus(), out, max_bytes=1_000_000)
+    return out
+
+
+def reference_model(root: Path, steps: int) -> dict[str, torch.Tensor]:
+    """The uninterrupted run: the same script alone (world size never changes the result)."""
+    out = root / f"reference-{steps}.pt"
+    if not out.exists():
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")} | {"OMP_NUM_THREADS": "1"}
+        cmd = [sys.executable, str(SLOW), "--data", str(corpus(root)), "--steps", str(steps), "--save", str(out)]
+        subprocess.run(cmd, env=env, check=True, timeout=300, capture_output=True)
+    return torch.load(out)  # type: ignore[no-any-return]
+
+
+@dataclass
+class ElasticSlurmJob:
+    job_id: str
+    root: Path
+    steps: int
+    backend: CliBackend = field(default_factory=CliBackend)
+
+    @property
+    def dir(self) -> Path:
+        return self.root / "home" / "jobs" / self.job_id
+
+    @property
+    def model(self) -> Path:
+        return self.root / "model.pt"
+
+    def events(self, kind: str | None = None) -> list[dict[str, Any]]:
+        path = self.dir / "events.jsonl"
+        if not path.exists():
+            return []
+        out = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        return [e for e in out if kind is None or e["event"] == kind]
+
+    def last_step(self) -> int:
+        return max((e["step"] for e in self.events("progress")), default=0)
+
+    def wait(self, what: str, predicate: Callable[[], bool], timeout: float = 180.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not predicate():
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"job {self.job_id}: timed out waiting for {what}; output:\n{self.output()[-3000:]}"
+                )
+            time.sleep(0.2)
+
+    def wait_step(self, step: int, timeout: float = 180.0) -> None:
+        self.wait(f"step {step}", lambda: self.last_step() >= step, timeout)
+
+    def info(self) -> JobInfo:
+        return self.backend.job(self.job_id)
+
+    def wait_finished(self, timeout: float = 300.0) -> JobInfo:
+        self.wait("the job to end", lambda: self.info().is_finished and self.info().state != "REQUEUED", timeout)
+        return self.info()
+
+    def output(self) -> str:
+        files = sorted(self.root.glob(f"*-{self.job_id}.out"))
+        return "\n".join(p.read_text(errors="replace") for p in files)
+
+    def ledger(self) -> LedgerReport:
+        return analyze(self.root / "ledger")
+
+    def assert_same_training(self, reference: dict[str, torch.Tensor]) -> None:
+        assert self.model.exists(), f"no model written; output:\n{self.output()[-3000:]}"
+        assert max_param_rel_diff(torch.load(self.model), reference) <= TOLERANCE
+        report = self.ledger()
+        assert (report.committed_steps, report.duplicate_samples, report.skipped_samples) == (self.steps, 0, 0), report
+
+    def cancel(self) -> None:
+        subprocess.run(["scancel", self.job_id], check=False, timeout=30)
+
+
+def job_env(root: Path) -> dict[str, str]:
+    return {
+        **os.environ,
+        "SLURM_ELASTIC_HOME": str(root / "home"),
+        "SLURM_ELASTIC_HOST": "127.0.0.1",
+        "SLURM_ELASTIC_LEDGER_DIR": str(root / "ledger"),
+        "SLURM_ELASTIC_HEARTBEAT_INTERVAL_S": "0.5",
+        "SLURM_ELASTIC_LEASE_TIMEOUT_S": "5",
+        "SLURM_ELASTIC_PROGRESS_INTERVAL_S": "0.5",
+        "SLURM_ELASTIC_NODE_WATCH_INTERVAL_S": "1",
+        "SLURM_ELASTIC_CHECKPOINT_EVERY": "10",
+        "SLURM_ELASTIC_MAX_RESTARTS": "0",
+        "OMP_NUM_THREADS": "1",
+        "SE_PYTHON": sys.executable,
+    }
+
+
+def submit_core(
+    root: Path, *, nodes: str, steps: int, pause: float, sbatch_args: tuple[str, ...] = ()
+) -> ElasticSlurmJob:
+    root.mkdir(parents=True, exist_ok=True)
+    data = corpus(root.parent)
+    argv = [
+        "sbatch", "--parsable", f"--nodes={nodes}", f"--chdir={root}", f"--output={root}/core-%j.out", *sbatch_args,
+        str(CORE), sys.executable, str(SLOW), "--data", str(data), "--steps", str(steps), "--pause", str(pause),
+        "--save", str(root / "model.pt"),
+    ]  # fmt: skip
+    job_id = subprocess.run(argv, env=job_env(root), check=True, capture_output=True, text=True, timeout=30).stdout
+    return ElasticSlurmJob(job_id.strip().split(";")[0], root, steps)

@@ -1,0 +1,79 @@
+"""Every Slurm event that takes nodes away or frees them becomes a membership change, on the real cluster."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from slurm_elastic.devcluster import LocalCluster
+
+from .elastic_jobs import ElasticSlurmJob, job_env, reference_model, submit_core
+
+pytestmark = pytest.mark.timeout(400)
+
+
+@pytest.fixture
+def jobs(slurm_cluster: LocalCluster) -> Iterator[list[ElasticSlurmJob]]:
+    started: list[ElasticSlurmJob] = []
+    yield started
+    for job in started:
+        job.cancel()
+    for node in slurm_cluster.nodes:  # a test that killed a node brings it back
+        if slurm_cluster.node_states().get(node, "").startswith("down"):
+            slurm_cluster.restart_node(node)
+    slurm_cluster.wait_nodes(slurm_cluster.nodes, want_idle=True, timeout_s=120)
+
+
+def worlds(job: ElasticSlurmJob) -> list[int]:
+    return [e["world"] for e in job.events("membership_change")]
+
+
+def test_node_failure_is_handled_long_before_slurm_notices(
+    slurm_cluster: LocalCluster, jobs: list[ElasticSlurmJob], tmp_path: Path
+) -> None:
+    job = submit_core(tmp_path / "node-failure", nodes="4", steps=40, pause=0.3)
+    jobs.append(job)
+    job.wait_step(6)
+    killed_at = time.time()
+    slurm_cluster.kill_node("n3")
+    job.wait("the job to shrink", lambda: 3 in worlds(job), timeout=60)
+    change = next(e for e in job.events("membership_change") if e["world"] == 3)
+    assert change["time"] - killed_at < 25, "recovery must not wait for Slurm's SlurmdTimeout (30 s)"
+    assert not slurm_cluster.node_states()["n3"].startswith("down"), "Slurm had not noticed yet"
+    slurm_cluster.restart_node("n3")
+    job.wait_finished()
+    job.assert_same_training(reference_model(tmp_path.parent, 40))
+
+
+def test_abrupt_shrink_is_handled_like_a_failure(jobs: list[ElasticSlurmJob], tmp_path: Path) -> None:
+    job = submit_core(tmp_path / "shrink", nodes="4", steps=40, pause=0.3)
+    jobs.append(job)
+    job.wait_step(6)
+    subprocess.run(["scontrol", "update", f"JobId={job.job_id}", "NumNodes=2"], check=True, timeout=30)
+    job.wait("the job to shrink to 2", lambda: worlds(job)[-1:] == [2], timeout=60)
+    assert len(job.info().nodes) == 2
+    job.wait_finished()
+    job.assert_same_training(reference_model(tmp_path.parent, 40))
+
+
+def test_reclaim_drains_at_a_boundary_and_releases_the_nodes(jobs: list[ElasticSlurmJob], tmp_path: Path) -> None:
+    job = submit_core(tmp_path / "reclaim", nodes="4", steps=40, pause=0.3)
+    jobs.append(job)
+    job.wait_step(6)
+    batch_host = job.info().batch_host
+    env = job_env(job.root)
+    cmd = [sys.executable, "-m", "slurm_elastic", "reclaim", "--job", job.job_id, "--nodes", "2", "--timeout", "120"]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stdout + done.stderr
+    info = job.info()
+    assert len(info.nodes) == 2 and batch_host in info.nodes  # released through Slurm, batch host kept
+    changes = job.events("membership_change")
+    assert changes[-1]["cause"] == "drain" and changes[-1]["boundary_step"] is not None
+    assert not job.events("recovered")  # nothing aborted, nothing re-run
+    job.wait_finished()
+    job.assert_same_training(reference_model(tmp_path.parent, 40))
