@@ -263,6 +263,11 @@ def _joined(state: State, event: Joined, now: float, policy: Policy) -> Outcome:
     )
 
 
+def _hosting(nodes: frozenset[str], workers: Mapping[str, Worker]) -> frozenset[str]:
+    """The draining nodes that still host a worker; a node whose workers are all gone has nothing left to drain."""
+    return frozenset(n for n in nodes if any(w.node == n for w in workers.values()))
+
+
 def _abrupt(state: State, lost: set[str], leaving: set[str], cause: str, policy: Policy, now: float) -> Outcome:
     """Members `lost` are gone (and `leaving` must go): form g+1 at once, or restart everything."""
     gen = state.generation
@@ -288,6 +293,7 @@ def _abrupt(state: State, lost: set[str], leaving: set[str], cause: str, policy:
         draining = state.draining - {state.workers[w].node for w in drained}
     else:
         drained, draining = set(), state.draining
+    draining = _hosting(draining, workers)
     joiners = [workers[w] for w in workers if w not in gen.ranks and w not in state.finished]
     ranks = order_ranks(survivors, joiners)
     new_gen = Generation(gen.number + 1, ranks, None, cause)
@@ -352,7 +358,11 @@ def _boundary(state: State, event: ReachedBoundary) -> Outcome:
     workers = {k: v for k, v in state.workers.items() if k not in drained}
     drained_nodes = {state.workers[w].node for w in drained}
     new = replace(
-        state, generation=new_gen, workers=workers, change_requested=False, draining=state.draining - drained_nodes
+        state,
+        generation=new_gen,
+        workers=workers,
+        change_requested=False,
+        draining=_hosting(state.draining - drained_nodes, workers),
     )
     left = tuple(sorted(drained))
     announce = Announce(new_gen, left, tuple(j.worker_id for j in joiners), left)
