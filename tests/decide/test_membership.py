@@ -437,3 +437,19 @@ def test_terminal_phases_ignore_everything(phase: m.Phase, event: m.Event) -> No
     state = replace(running(2), phase=phase)
     out = m.decide(state, event, 1e9, policy(2))
     assert out.state is state and out.actions == () and phase in out.reason
+
+
+def test_a_drained_node_whose_workers_were_all_lost_can_host_workers_again() -> None:
+    pol = policy(3)
+    state = m.decide(running(3), m.Drain(("n1",), "boundary", "shrink"), 0.0, pol).state
+    out = m.decide(state, m.Lost(("w1",), "killed by the shrink"), 0.0, pol)
+    assert announce(out).generation.ranks == ("w2", "w3") and out.state.draining == frozenset()
+    back = m.decide(out.state, m.Joined(m.Worker("w1b", "n1", 0)), 0.0, pol)
+    assert back.actions == (m.RequestBoundary(2),)
+
+
+def test_a_drain_whose_member_finished_and_exited_is_cleared_at_the_boundary() -> None:
+    pol = policy(3)
+    state = feed(running(3), pol, m.Drain(("n1",), "boundary", "shrink"), m.Done("w1"), m.Lost(("w1",), "exit 0"))
+    out = m.decide(state.state, m.ReachedBoundary("w2", 1, 6), 0.0, pol)
+    assert announce(out).generation.ranks == ("w2", "w3") and out.state.draining == frozenset()

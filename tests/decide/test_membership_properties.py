@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from slurm_elastic.decide import membership as m
 
-NODES = 4
+NODES = 3
 TIMEOUT = 10.0
 
 
@@ -38,11 +38,12 @@ def cmd(kind: str, variants: list[int] | None = None, **extra: st.SearchStrategy
 
 
 join = cmd("join", list(range(NODES)))
-lost = cmd("lost", [0, 0, 1, 2])  # 0: a member, 1: any worker ever seen (or an unknown id), 2: two members
+# 0: a member, 1: any worker ever seen (or an unknown id), 2: two members, 3: every worker on a member's node
+lost = cmd("lost", [0, 0, 1, 2, 3, 3])
 exit_ = cmd("exit")  # a member finishes training and its process exits
 drain = cmd(
     "drain",
-    nodes=st.lists(st.integers(0, NODES - 1), min_size=1, max_size=3, unique=True).map(tuple),
+    nodes=st.lists(st.integers(0, NODES - 1), min_size=1, max_size=2, unique=True).map(tuple),
     mode=st.sampled_from(["boundary", "now"]),
 )
 boundary = cmd("boundary", [0, 0, 0, -1, 1])  # variant: generation offset (stale or future reports)
@@ -50,12 +51,12 @@ fault = cmd("fault", [0, 0, -1])
 done = cmd("done")
 tick = cmd("tick")  # time moves by a third of the rendezvous timeout
 # Joins, losses and boundaries are the common events; Abort is covered by the scenario tests.
-commands = st.one_of(join, join, lost, lost, boundary, boundary, drain, fault, done, exit_, tick)
+commands = st.one_of(join, join, lost, lost, boundary, boundary, drain, drain, fault, done, exit_, tick)
 
 
 @st.composite
 def policies(draw: st.DrawFn) -> m.Policy:
-    expected = draw(st.integers(1, 4))
+    expected = draw(st.integers(1, 3))
     return m.Policy(
         expected_workers=expected,
         min_workers=draw(st.integers(1, expected)),
@@ -89,6 +90,9 @@ def to_events(c: Cmd, state: m.State, world: World) -> list[m.Event]:
             return [m.Lost((ids[c.pick % len(ids)],), "crash")]
         case "lost" if c.variant == 2:
             return [m.Lost(tuple(dict.fromkeys((member, members[(c.pick + 1) % len(members)]))), "crash")]
+        case "lost" if c.variant == 3:
+            node = state.workers[member].node if member in state.workers else ""
+            return [m.Lost(tuple(w for w, rec in state.workers.items() if rec.node == node) or (member,), "node down")]
         case "lost":
             return [m.Lost((member,), "crash")]
         case "exit":
@@ -140,6 +144,8 @@ def check_transition(before: m.State, event: m.Event, out: m.Outcome, last_gen: 
     if isinstance(event, m.Drain):
         drained_nodes |= set(event.nodes)
     assert not {after.workers[w].node for w in ranks} & drained_nodes
+    hosts = {w.node for w in after.workers.values()}
+    assert after.draining <= hosts  # a new generation leaves no stale drain behind
     if before.phase == "running":
         assert before.generation is not None
         assert not set(ranks) & before.finished  # finished workers are never survivors
@@ -158,7 +164,7 @@ def check_transition(before: m.State, event: m.Event, out: m.Outcome, last_gen: 
 
 
 @settings(deadline=None, max_examples=600)
-@given(pol=policies(), cmds=st.lists(commands, max_size=40))
+@given(pol=policies(), cmds=st.lists(commands, min_size=10, max_size=60))
 def test_random_event_sequences_keep_the_invariants(pol: m.Policy, cmds: list[Cmd]) -> None:
     state, world, now, last_gen = m.State(), World(), 0.0, 0
     requested_for: int | None = None
