@@ -55,6 +55,8 @@ SAMPLES: list[BaseModel] = [
     msg.KillWorker(worker_id="n1:0:0", reason="hang"),
     msg.RestartWorkers(reason="restart mode"),
     msg.DrainRequest(nodes=["n3"], mode="now", reason="preempted", source="epilog"),
+    msg.KeepPending(count=2, partition="spot"),
+    msg.KeepPending(count=0),
     msg.StatusRequest(),
     msg.Ack(ok=False, detail="no such node"),
     msg.StatusReply(
@@ -66,6 +68,7 @@ SAMPLES: list[BaseModel] = [
         loss=None,
         samples_per_s=10.5,
         nodes=["n1"],
+        node_jobs={"n1": "42", "n2": None},
         members=[msg.MemberStatus(worker_id="a", node="n1", rank=0, step=5, phase="compute", last_seen_s=0.2)],
         pending=[],
         draining=["n2"],
@@ -112,6 +115,8 @@ def test_invalid_json_is_a_protocol_error() -> None:
         {"type": "register", "worker_id": "w", "node": "n1; rm -rf /", "local_rank": 0, "pid": 1, "committed_step": 0},
         {"type": "hello", "role": "admin", "job_id": "j", "proof": "f" * 64},
         {"type": "drain", "nodes": []},
+        {"type": "keep_pending", "count": 1001},
+        {"type": "keep_pending", "count": 1, "partition": "a b"},
     ],
 )
 def test_unknown_or_invalid_messages_are_rejected(body: dict[str, object]) -> None:
