@@ -15,7 +15,7 @@ from pathlib import Path
 
 from slurm_elastic.errors import ConfigError
 from slurm_elastic.hooks import HOOK_MODULES
-from slurm_elastic.hooks.install import KILL_GRACE_S, REQUIRED, read_baked
+from slurm_elastic.hooks.install import KILL_GRACE_S, MIN_INTERVAL_S, REQUIRED, read_baked
 from slurm_elastic.hooks.settings import CONFIG_NAME, parse_settings
 
 __all__ = ["Finding", "check_conf", "check_installation", "parse_slurm_conf"]
@@ -81,17 +81,20 @@ def _check_python(prefix: Path) -> tuple[list[Finding], int | None]:
     return findings, timeout
 
 
-def _check_config(prefix: Path, as_root: bool) -> Finding:
+def _check_config(prefix: Path, as_root: bool, timeout_s: int | None) -> Finding:
     path = prefix / CONFIG_NAME
     try:
         st = path.lstat()
         if as_root and _safe_for_root(path, st):
             return Finding("FAIL", CONFIG_NAME, f"{path} is {_safe_for_root(path, st)}: the hooks would ignore it")
-        parse_settings(tomllib.loads(path.read_text()), None, str(path))
+        settings = parse_settings(tomllib.loads(path.read_text()), None, str(path))
     except FileNotFoundError:
         return Finding("ok", CONFIG_NAME, "absent: defaults apply")
     except (ConfigError, OSError, tomllib.TOMLDecodeError) as exc:
         return Finding("FAIL", CONFIG_NAME, str(exc))
+    if timeout_s is not None and settings.watch_s > timeout_s - 5:
+        why = f"watch_s = {settings.watch_s} leaves too little of the wrappers' {timeout_s} s bound"
+        return Finding("FAIL", CONFIG_NAME, why)
     return Finding("ok", CONFIG_NAME, str(path))
 
 
@@ -124,6 +127,9 @@ def check_conf(conf: dict[str, str], prefix: Path, hook_timeout_s: int | None) -
     interval = _int(conf.get("healthcheckinterval"))
     if not interval:
         out.append(Finding("FAIL", "slurm.conf HealthCheckInterval", "missing or 0: the health check never runs"))
+    elif interval < MIN_INTERVAL_S:
+        why = f"{interval} s starves slurmctld's node pings (NOT_RESPONDING nodes never return); use {MIN_INTERVAL_S}"
+        out.append(Finding("FAIL", "slurm.conf HealthCheckInterval", why))
     else:
         level = "ok" if interval <= 5 else "warn"
         out.append(Finding(level, "slurm.conf HealthCheckInterval", f"{interval} s (a drain reaches jobs within it)"))
@@ -157,7 +163,7 @@ def check_installation(prefix: Path, slurm_conf: Path | None = None, *, as_root:
         findings.append(_check_file(prefix / name, as_root, optional=name not in REQUIRED))
     python_findings, timeout = _check_python(prefix)
     findings += python_findings
-    findings.append(_check_config(prefix, as_root))
+    findings.append(_check_config(prefix, as_root, timeout))
     if slurm_conf is not None:
         try:
             findings += check_conf(parse_slurm_conf(slurm_conf.read_text()), prefix, timeout)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from slurm_elastic.errors import ConfigError
 from slurm_elastic.hooks.check import check_installation
-from slurm_elastic.hooks.install import DEFAULT_TIMEOUT_S, InstallOptions, install, slurm_conf_lines
+from slurm_elastic.hooks.install import DEFAULT_TIMEOUT_S, MIN_INTERVAL_S, InstallOptions, install, slurm_conf_lines
 
 __all__ = ["add_parser", "main", "run_check", "run_install"]
 
@@ -25,7 +25,10 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     inst.add_argument("--prefix", type=Path, required=True, metavar="DIR", help="where Slurm will run them from")
     inst.add_argument("--python", type=Path, default=Path(sys.executable), help="interpreter with slurm-elastic")
     inst.add_argument("--timeout", type=int, default=DEFAULT_TIMEOUT_S, help="hard bound of each run, seconds")
-    inst.add_argument("--healthcheck-interval", type=int, default=1, help="HealthCheckInterval to print, seconds")
+    inst.add_argument(
+        "--healthcheck-interval", type=int, default=MIN_INTERVAL_S, help="HealthCheckInterval to print, seconds"
+    )
+    inst.add_argument("--watch", type=float, default=None, help="watch_s (default: the interval less 0.75 s)")
     inst.add_argument("--slurm-conf", type=Path, default=None, help="SLURM_CONF for the health check, if not default")
     inst.add_argument("--log-dir", type=Path, default=None, help="hooks.log directory (default: DIR/log)")
     inst.add_argument("--state-dir", type=Path, default=None, help="health check state (default: /run/slurm-elastic)")
@@ -46,6 +49,7 @@ def run_install(args: argparse.Namespace) -> int:
         python=args.python.absolute(),
         timeout_s=args.timeout,
         healthcheck_interval_s=args.healthcheck_interval,
+        watch_s=args.watch,
         slurm_conf=args.slurm_conf.absolute() if args.slurm_conf else None,
         log_dir=args.log_dir.absolute() if args.log_dir else None,
         state_dir=args.state_dir.absolute() if args.state_dir else None,

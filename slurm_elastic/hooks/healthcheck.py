@@ -95,7 +95,29 @@ def _notify(node: str, info: NodeInfo | None, slurm: HookSlurm, state: RunState,
     return replace(state, records=records)
 
 
+def _watch(
+    node: str, seen: NodeState | None, slurm: HookSlurm, state: RunState, files: StateFile, r: base.Run, deadline: float
+) -> None:
+    """Keep asking for the node's state until the deadline; tell the jobs as soon as it turns DRAIN/FAIL.
+
+    Only a change of state costs more than the one node query: a node that stays drained is not asked
+    for its jobs again (it takes no new ones) until the next run.
+    """
+    while (left := deadline - time.monotonic()) > 0:
+        time.sleep(min(r.settings.watch_every_s, left))
+        try:
+            info = slurm.node(node)
+            event = node_event(info)
+            if event != seen:
+                seen = event
+                state = _notify(node, info, slurm, state, r)
+                files.save(state)
+        except SlurmError:
+            continue  # the next run logs what is wrong; here a line every tick would flood the log
+
+
 def run(environ: Mapping[str, str]) -> int:
+    started = time.monotonic()
     node = this_node(environ)
     r = base.start(HOOK, environ, job=None, node=node)
     files = StateFile(Path(r.settings.state_dir), node)
@@ -120,6 +142,8 @@ def run(environ: Mapping[str, str]) -> int:
             except SlurmError as exc:
                 r.log.event("query", "error", error=str(exc))
         files.save(state)
+        if r.settings.healthcheck_notify and r.settings.watch_s > 0:
+            _watch(node, node_event(info), slurm, state, files, r, started + r.settings.watch_s)
     return base.EX_OK
 
 

@@ -48,6 +48,11 @@ class HookSettings:
     notify_timeout_s: float = 2.0
     # The health check runs every HealthCheckInterval; its disk and GPU checks only this often.
     full_check_interval_s: float = 30.0
+    # After its work, a health check run keeps watching its node's state for this long (0: not at all),
+    # asking slurmctld every watch_every_s: a drain then reaches the job within about watch_every_s
+    # instead of half a HealthCheckInterval. Costs one RPC per node per watch_every_s on slurmctld.
+    watch_s: float = 0.0
+    watch_every_s: float = 0.25
     # Undrain a node that passes its checks again, but only if a slurm-elastic hook drained it.
     resume_when_healthy: bool = True
     syslog: bool = True
@@ -66,6 +71,10 @@ class HookSettings:
         for name in ("notify_timeout_s", "full_check_interval_s"):
             if not 0 < getattr(self, name) <= 3600:
                 raise ConfigError(f"{name} = {getattr(self, name)!r} must be in (0, 3600] seconds")
+        if not 0 <= self.watch_s <= 50:
+            raise ConfigError(f"watch_s = {self.watch_s!r} must be in [0, 50] seconds (slurmd kills it at 60)")
+        if not 0.05 <= self.watch_every_s <= 10:
+            raise ConfigError(f"watch_every_s = {self.watch_every_s!r} must be in [0.05, 10] seconds")
         if self.check_gpus not in _CHECK_GPUS:
             raise ConfigError(f"check_gpus = {self.check_gpus!r}; valid: {', '.join(_CHECK_GPUS)}")
         for name in ("cache_dir", "state_dir", "log_dir", "slurm_conf", "spool_dir"):
