@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import os
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import replace
@@ -208,6 +209,22 @@ def test_healthcheck_drains_a_sick_node_and_tells_its_jobs_in_the_same_run(world
     files.save(replace(files.load(), last_full_check=0.0))
     healthcheck.run({**world["env"], "SLURMD_NODENAME": "n4"})
     assert fake.updates[-1] == ("n4", "RESUME", "")
+
+
+def test_a_watching_health_check_reports_a_drain_within_its_run(world: dict[str, Any]) -> None:
+    fake = world["fake"]
+    fake.jobs["109"] = running("109", ("n1",), world["comment"])
+    fake.on_node["n1"] = [("109", int(UID))]
+    hooks_toml = Path(world["env"]["SLURM_ELASTIC_HOOKS_DIR"]) / "hooks.toml"
+    hooks_toml.write_text(hooks_toml.read_text() + "watch_s = 3.0\nwatch_every_s = 0.05\n")
+    drained = threading.Timer(0.5, lambda: fake.nodes.update(n1=NodeInfo("n1", "MIXED", frozenset({"DRAIN"}), "m")))
+    drained.start()
+    started = time.monotonic()
+    healthcheck.run({**world["env"], "SLURMD_NODENAME": "n1"})
+    assert time.monotonic() - started >= 2.5  # it watched for the whole time
+    (drain,) = drains(world, "Slurm marks n1 DRAIN: m")
+    assert drain["mode"] == "boundary"
+    assert fake.queries > 20
 
 
 def test_healthcheck_skips_while_the_previous_run_holds_the_lock(world: dict[str, Any]) -> None:

@@ -35,6 +35,7 @@ def test_install_bakes_values_and_writes_a_config(tmp_path: Path) -> None:
         assert baked["SE_HOOKS_DIR"] == str(prefix)
     config = (prefix / "hooks.toml").read_text()
     assert f'log_dir = "{prefix / "log"}"' in config and 'slurm_conf = "/etc/x.conf"' in config
+    assert "\nwatch_s = 1.25\n" in config  # the default HealthCheckInterval (2 s) less 0.75 s
     assert [p.name for p in prefix.iterdir() if p.name.startswith(".")] == []
 
 
@@ -67,8 +68,10 @@ def test_bad_options(tmp_path: Path) -> None:
         install(InstallOptions(prefix=tmp_path, python=tmp_path / "nope"))
     with pytest.raises(ConfigError, match="between 1 and 300"):
         install(InstallOptions(prefix=tmp_path, python=PYTHON, timeout_s=0))
-    with pytest.raises(ConfigError, match="at least 1"):
-        install(InstallOptions(prefix=tmp_path, python=PYTHON, healthcheck_interval_s=0))
+    with pytest.raises(ConfigError, match="at least 2: with 1, slurmctld"):
+        install(InstallOptions(prefix=tmp_path, python=PYTHON, healthcheck_interval_s=1))
+    with pytest.raises(ConfigError, match="--watch 30 must be 0, or at most"):
+        install(InstallOptions(prefix=tmp_path, python=PYTHON, watch_s=30))
     with pytest.raises(ConfigError, match="--source"):
         install(InstallOptions(prefix=tmp_path / "p", python=PYTHON, source=tmp_path / "empty"))
 
@@ -98,6 +101,12 @@ def test_check_finds_what_is_wrong(tmp_path: Path) -> None:
     assert levels(check_installation(tmp_path))["epilog_slurmctld"] == "ok"  # optional
 
 
+def test_check_a_watch_longer_than_the_wrappers_bound(tmp_path: Path) -> None:
+    install(InstallOptions(prefix=tmp_path, python=PYTHON, timeout_s=20))
+    (tmp_path / "hooks.toml").write_text("watch_s = 18.0\n")
+    assert levels(check_installation(tmp_path))["hooks.toml"] == "FAIL"
+
+
 def test_check_a_broken_interpreter(tmp_path: Path) -> None:
     install(InstallOptions(prefix=tmp_path, python=PYTHON))
     text = (tmp_path / "prolog").read_text()
@@ -118,7 +127,7 @@ def test_check_as_root_refuses_files_others_could_change(tmp_path: Path) -> None
 
 def test_the_printed_lines_pass_the_check() -> None:
     prefix = Path("/opt/se")
-    conf = parse_slurm_conf("\n".join(slurm_conf_lines(prefix, interval_s=1, timeout_s=20)))
+    conf = parse_slurm_conf("\n".join(slurm_conf_lines(prefix, timeout_s=20)))
     assert "epilogslurmctld" not in conf  # printed commented out: optional
     assert all(f.level == "ok" for f in check_conf(conf, prefix, 20))
 
@@ -130,6 +139,8 @@ def test_the_printed_lines_pass_the_check() -> None:
         ("Epilog=/opt/se/epilog", "slurm.conf epilog", "ok"),
         ("Prolog=/elsewhere/prolog", "slurm.conf prolog", "FAIL"),
         ("HealthCheckInterval=0", "slurm.conf HealthCheckInterval", "FAIL"),
+        ("HealthCheckInterval=1", "slurm.conf HealthCheckInterval", "FAIL"),  # starves slurmctld's pings
+        ("HealthCheckInterval=2", "slurm.conf HealthCheckInterval", "ok"),
         ("HealthCheckInterval=30", "slurm.conf HealthCheckInterval", "warn"),
         ("PrologFlags=Contain", "slurm.conf PrologFlags", "FAIL"),
         ("PrologFlags=Alloc,Contain", "slurm.conf PrologFlags", "ok"),
@@ -147,7 +158,7 @@ def test_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     prefix = tmp_path / "se"
     assert main(["hooks", "install", "--prefix", str(prefix), "--python", str(PYTHON)]) == 0
     out = capsys.readouterr().out
-    assert f"    Prolog={prefix / 'prolog'}" in out and "    HealthCheckInterval=1" in out
+    assert f"    Prolog={prefix / 'prolog'}" in out and "    HealthCheckInterval=2" in out
     conf = tmp_path / "slurm.conf"
     conf.write_text("\n".join(slurm_conf_lines(prefix)) + "\n")
     assert main(["hooks", "check", "--prefix", str(prefix), "--slurm-conf", str(conf)]) == 0

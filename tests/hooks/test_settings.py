@@ -43,6 +43,8 @@ def test_per_node_tables_override_the_top_level() -> None:
         ("min_free_shm_mb = -1", "0 or more"),
         ("notify_timeout_s = 0", r"\(0, 3600\]"),
         ("check_gpus = 'maybe'", "valid: auto, yes, no"),
+        ("watch_s = 55", r"\[0, 50\]"),
+        ("watch_every_s = 0.001", r"\[0.05, 10\]"),
         ("cache_dir = 'relative'", "absolute"),
         ("node = 3", "table of per-node tables"),
         ("[node.n3]\nbogus = 1", r"\[node.n3\]: unknown setting 'bogus'"),

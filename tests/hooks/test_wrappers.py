@@ -44,7 +44,7 @@ def stub_python(root: Path) -> Path:
 @pytest.fixture
 def installed(tmp_path: Path) -> Path:
     prefix = tmp_path / "prefix"
-    install(InstallOptions(prefix=prefix, python=stub_python(tmp_path), timeout_s=1))
+    install(InstallOptions(prefix=prefix, python=stub_python(tmp_path), timeout_s=1, watch_s=0))
     return prefix
 
 
