@@ -61,9 +61,9 @@ class Hooks:
     healthcheck: Path | None = None
     prolog_slurmctld: Path | None = None
     epilog_slurmctld: Path | None = None
-    # The smallest Slurm accepts (whole seconds, 0 = off), as `hooks install` advises: a node drained with
-    # scontrol reaches its jobs through the health check within about this long.
-    healthcheck_interval_s: int = 1
+    # As `hooks install` advises: the smallest that works (with 1, 22.05's slurmctld never pings its nodes,
+    # and a node resumed with scontrol stays NOT_RESPONDING).
+    healthcheck_interval_s: int = 2
     # A hook can never hang a node for longer than this.
     timeout_s: int = 60
 
@@ -71,7 +71,7 @@ class Hooks:
         return any(getattr(self, attr) is not None for attr in HOOK_NAMES.values())
 
     @classmethod
-    def from_dir(cls, directory: Path, *, healthcheck_interval_s: int = 1, timeout_s: int = 60) -> Hooks:
+    def from_dir(cls, directory: Path, *, healthcheck_interval_s: int = 2, timeout_s: int = 60) -> Hooks:
         """The hooks present in `directory` (by file name, see HOOK_NAMES); each must be executable."""
         directory = directory.resolve()
         if not directory.is_dir():
