@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from slurm_elastic.hooks.handle import read_handle
+from slurm_elastic.hooks.handle import HandleMissing, read_handle
 from slurm_elastic.hooks.hookenv import HookInputError, handle_path_from_comment
 from slurm_elastic.hooks.hooklog import HookLog
 from slurm_elastic.hooks.settings import ENV_HOOKS_DIR, HookSettings, expand_node_path, load_settings
@@ -66,6 +66,9 @@ def find_coordinator(comment: str | None, uid: int, log: HookLog) -> JobHandle |
             log.event("find", "not_elastic")
             return None
         return read_handle(path, uid)
+    except HandleMissing as exc:
+        log.event("find", "gone", detail=str(exc))
+        return None
     except HookInputError as exc:
         log.event("find", "refused", error=str(exc))
         return None

@@ -18,11 +18,15 @@ from pathlib import PurePosixPath
 from slurm_elastic.hooks.hookenv import HookInputError
 from slurm_elastic.jobdir import JobHandle
 
-__all__ = ["MAX_HANDLE_BYTES", "check_handle_stat", "parse_handle", "read_handle"]
+__all__ = ["MAX_HANDLE_BYTES", "HandleMissing", "check_handle_stat", "parse_handle", "read_handle"]
 
 MAX_HANDLE_BYTES = 64 * 1024
 _ADDRESS = re.compile(r"[A-Za-z0-9_.\-]{1,253}:[0-9]{1,5}|\[[0-9A-Fa-f:.]{2,45}\]:[0-9]{1,5}")
 _JOB_ID = re.compile(r"[A-Za-z0-9_.\-]{1,100}")
+
+
+class HandleMissing(HookInputError):
+    """No handle at the path: the launcher removes it when the job's coordinator ends."""
 
 
 def check_handle_stat(mode: int, owner: int, size: int, uid: int, path: str = "coordinator.json") -> None:
@@ -67,6 +71,8 @@ def read_handle(path: PurePosixPath, uid: int) -> JobHandle:
     flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
     try:
         fd = os.open(path, flags)
+    except FileNotFoundError:
+        raise HandleMissing(f"{str(path)!r} does not exist (the coordinator has ended)") from None
     except OSError as exc:
         why = "it is a symbolic link" if exc.errno == errno.ELOOP else exc.strerror
         raise HookInputError(f"cannot open {str(path)!r}: {why}") from None

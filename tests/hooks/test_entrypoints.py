@@ -150,6 +150,12 @@ def test_epilog_of_other_jobs(world: dict[str, Any], comment: str, result: str) 
     assert not any("forged" in line.split('"')[0] for line in lines)  # a newline never starts a line
 
 
+def test_epilog_after_the_coordinator_removed_its_handle(world: dict[str, Any]) -> None:
+    world["fake"].jobs["110"] = running("110", ("n1",), "slurm-elastic:/nonexistent/jobs/110/coordinator.json")
+    epilog.run({**world["env"], "SLURM_JOB_ID": "110", "SLURMD_NODENAME": "n1"})
+    assert any("job=110 node=n1 action=find result=gone" in line for line in log_lines(world))
+
+
 def test_epilog_refuses_a_handle_others_can_read(world: dict[str, Any]) -> None:
     path = world["comment"].removeprefix("slurm-elastic:")
     os.chmod(path, 0o644)

@@ -10,7 +10,7 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 
-from slurm_elastic.hooks.handle import MAX_HANDLE_BYTES, check_handle_stat, parse_handle, read_handle
+from slurm_elastic.hooks.handle import MAX_HANDLE_BYTES, HandleMissing, check_handle_stat, parse_handle, read_handle
 from slurm_elastic.hooks.hookenv import HookInputError
 from slurm_elastic.jobdir import JobHandle
 
@@ -77,7 +77,7 @@ def test_a_group_or_world_readable_file_is_refused(tmp_path: Path) -> None:
 
 
 def test_missing_file(tmp_path: Path) -> None:
-    with pytest.raises(HookInputError, match="cannot open"):
+    with pytest.raises(HandleMissing, match="the coordinator has ended"):
         read_handle(PurePosixPath(tmp_path / "coordinator.json"), UID)
 
 

@@ -210,9 +210,7 @@ def test_a_shrink_is_reported_by_the_epilog_of_each_released_node(
     assert hooks.job_field(job.slurm_job, "NodeList") == "n[1-2]"
 
 
-def test_scontrol_drain_and_fail_reach_the_job_once_each(
-    hooks: Hooked, elastic_job: Callable[..., ElasticJob]
-) -> None:
+def test_scontrol_drain_and_fail_reach_the_job_once_each(hooks: Hooked, elastic_job: Callable[..., ElasticJob]) -> None:
     job = elastic_job("-N4", "--wrap", "srun --no-kill --ntasks-per-node=1 sleep 300")
     hooks.cluster.slurm("scontrol", "update", "NodeName=n3", "State=DRAIN", "Reason=pytest maintenance")
     (drain,) = wait_until(lambda: job.drains("healthcheck"), "the health check to report n3's drain")
