@@ -19,7 +19,9 @@ from typing import Any
 import pytest
 
 from slurm_elastic.coordinator import CoordinatorConfig, CoordinatorThread
-from slurm_elastic.devcluster import ClusterError, LocalCluster
+from slurm_elastic.devcluster import LocalCluster
+from slurm_elastic.hooks.bench import hooks_dir_of, restart_cluster
+from slurm_elastic.hooks.check import check_installation
 from slurm_elastic.hooks.install import InstallOptions, install
 from slurm_elastic.jobdir import JobHandle, hook_comment
 from slurm_elastic.slurm import CliBackend, NodeInfo
@@ -38,25 +40,6 @@ def wait_until(predicate: Callable[[], Any], what: str, timeout_s: float = 60.0)
             raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
         time.sleep(0.2)
     return value
-
-
-def restart(cluster: LocalCluster, hooks_dir: Path | None) -> None:
-    """`up` with another configuration, tried again if slurmctld is judged dead while it starts (a race of
-    devcluster's start-up check with slurmctld setting its process title; `up` leaves the cluster down then)."""
-    for attempt in range(3):
-        try:
-            cluster.up(hooks_dir=hooks_dir)
-            return
-        except ClusterError:
-            if attempt == 2:
-                raise
-
-
-def _hooks_dir_in(conf: Path) -> Path | None:
-    """The hooks directory a running cluster was started with, to start it that way again."""
-    text = conf.read_text() if conf.is_file() else ""
-    match = re.search(r"^(?:Prolog|Epilog|HealthCheckProgram)=(.+)/[^/]+$", text, re.MULTILINE)
-    return Path(match.group(1)) if match else None
 
 
 @dataclass
@@ -113,12 +96,12 @@ def hooked(slurm_cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory
     )
     base = (prefix / "hooks.toml").read_text() + "syslog = false\n"
     (prefix / "hooks.toml").write_text(base)
-    before = _hooks_dir_in(slurm_cluster.slurm_conf_path)
-    restart(slurm_cluster, prefix)
+    before = hooks_dir_of(slurm_cluster)
+    restart_cluster(slurm_cluster, prefix)
     try:
         yield Hooked(slurm_cluster, prefix, base)
     finally:
-        restart(slurm_cluster, before)
+        restart_cluster(slurm_cluster, before)
 
 
 @pytest.fixture
@@ -225,3 +208,8 @@ def test_scontrol_drain_and_fail_reach_the_job_once_each(hooks: Hooked, elastic_
     time.sleep(5)
     assert len(job.drains("healthcheck")) == 2
     assert len(hooks.log()) == runs  # and nothing more to log about it either
+
+
+def test_hooks_check_accepts_the_running_clusters_installation(hooks: Hooked) -> None:
+    findings = check_installation(hooks.prefix, hooks.cluster.slurm_conf_path)
+    assert [str(f) for f in findings if f.level != "ok"] == []
