@@ -1,0 +1,48 @@
+"""The notify benchmark's bookkeeping, on hand-written event files (the runs themselves need the cluster)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from slurm_elastic.hooks.bench import Job, _figures, hooks_dir_of
+
+
+def test_hooks_dir_of_a_cluster(tmp_path: Path) -> None:
+    conf = tmp_path / "slurm.conf"
+    cluster: Any = SimpleNamespace(slurm_conf_path=conf)
+    assert hooks_dir_of(cluster) is None
+    conf.write_text("ClusterName=x\n")
+    assert hooks_dir_of(cluster) is None
+    conf.write_text("ClusterName=x\nEpilog=/opt/se hooks/epilog\nPrologFlags=Alloc\n")
+    assert hooks_dir_of(cluster) == Path("/opt/se hooks")
+
+
+def test_eviction_and_who_told_first(tmp_path: Path) -> None:
+    events = [
+        {"event": "membership_change", "time": 5.0, "world": 4},
+        {"event": "drain_requested", "time": 10.4, "source": "healthcheck", "nodes": ["n3"]},
+        {"event": "drain_requested", "time": 11.0, "source": "local", "nodes": ["n3"]},
+        {"event": "membership_change", "time": 10.7, "world": 3},
+    ]
+    path = tmp_path / "home" / "jobs" / "7" / "events.jsonl"
+    path.parent.mkdir(parents=True)
+    path.write_text("".join(json.dumps(e) + "\n" for e in events))
+    job = Job(tmp_path, {"SLURM_ELASTIC_HOME": str(tmp_path / "home")}, "7")
+    assert job.world() == 3
+    assert job.eviction_after(10.0, 3) == (0.7, "healthcheck")
+    path.write_text(path.read_text() + json.dumps({"event": "node_lost", "time": 20.1, "node": "n2"}) + "\n")
+    path.write_text(path.read_text() + json.dumps({"event": "membership_change", "time": 20.2, "world": 2}) + "\n")
+    assert job.eviction_after(20.0, 2) == (0.2, "connection lost")
+
+
+def test_figures_are_medians() -> None:
+    samples: dict[str, list[Any]] = {
+        "drain": [0.5, 1.3, 0.4],
+        "shrink": [0.03, 0.06, 0.02],
+        "shrink_epilog_report": [0.6, None, 1.0],
+    }
+    assert _figures(samples) == {"drain_to_evict_s": 0.5, "shrink_to_evict_s": 0.03, "shrink_to_epilog_report_s": 0.8}
+    assert _figures({**samples, "shrink_epilog_report": [None]})["shrink_to_epilog_report_s"] is None
