@@ -199,7 +199,13 @@ def run(*, events: int, log: Log) -> dict[str, Any]:
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="slurm-elastic-bench-notify-") as tmp:
         prefix = Path(tmp) / "hooks"
-        opts = InstallOptions(prefix=prefix, python=Path(sys.executable), slurm_conf=cluster.slurm_conf_path)
+        opts = InstallOptions(
+            prefix=prefix,
+            python=Path(sys.executable),
+            slurm_conf=cluster.slurm_conf_path,
+            state_dir=Path(tmp) / "state",  # nothing left behind in /run or /dev/shm
+            cache_dir=f"{tmp}/cache/%n",
+        )
         install(opts)
         try:
             log(f"bench notify: with hooks ({prefix})")
