@@ -49,8 +49,8 @@ class AgentConfig:
     max_restarts: int = 3
     drain_grace_s: float = 60.0
     heartbeat_interval_s: float = 1.0
-    run: int = 0
     slurm_job_id: str | None = None
+    requeue_on_coordinator_loss: bool = False  # a core job's agents: losing the batch host must restart the job
     worker_env: dict[str, str] = field(default_factory=dict)
 
 
@@ -92,7 +92,6 @@ class Agent:
                 "SLURM_ELASTIC_LOCAL_RANK": str(slot.local_rank),
                 "SLURM_ELASTIC_INCARNATION": str(slot.incarnation),
                 "SLURM_ELASTIC_WORKER_ID": self.worker_id(slot),
-                "SLURM_ELASTIC_RUN": str(cfg.run),
                 "LOCAL_RANK": str(slot.local_rank),
             }
         )
@@ -214,12 +213,7 @@ class Agent:
             reason = answer.reason if isinstance(answer, Stop) else answer.type
             raise ElasticError(f"coordinator {cfg.coordinator} refused node {cfg.node}: {reason}")
         for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(
-                sig,
-                lambda signum, _: threading.Thread(
-                    target=self.request_drain, args=(signal.Signals(signum).name,)
-                ).start(),
-            )
+            signal.signal(sig, self._on_signal)
         threading.Thread(target=self._read_loop, name="se-agent-control", daemon=True).start()
         threading.Thread(target=self._heartbeat_loop, name="se-agent-heartbeat", daemon=True).start()
         with self._lock:
@@ -240,14 +234,39 @@ class Agent:
                     break
                 self._lock.wait(0.2)
         self._terminate_workers()
+        code = self._exit_code()  # before closing: the reader thread takes a closed channel for a lost coordinator
         if self._channel is not None:
             self._channel.close()
+        marker = os.environ.get("SLURM_ELASTIC_EXIT_MARKER")
+        if marker:  # srun's own status is unreliable once Slurm cancelled the step: tell the batch script here
+            with contextlib.suppress(OSError), open(marker, "w") as fh:
+                fh.write(f"{code}\n")
+        return code
+
+    def _exit_code(self) -> int:
         if self._coordinator_lost:
             log.error("coordinator_lost", node=self.config.node)
+            self._requeue_job()
             return EXIT_FAILED
         if self._stop is not None and self._stop.error:
             return EXIT_FAILED
         return EXIT_DRAINED_BY_SIGNAL if self._signalled and self._stop is None else 0
+
+    def _requeue_job(self) -> None:
+        """The coordinator (on the batch host) vanished without a Stop. Under `sbatch --no-kill` Slurm would
+        keep the job running without its batch script, so the surviving agents requeue it; it then resumes
+        from its last disaster-recovery checkpoint."""
+        job = self.config.slurm_job_id
+        if not (self.config.requeue_on_coordinator_loss and job):
+            return
+        from slurm_elastic.errors import SlurmError
+        from slurm_elastic.slurm import get_backend
+
+        try:
+            get_backend().requeue(job)
+            log.warning("job_requeued_after_coordinator_loss", slurm_job=job, node=self.config.node)
+        except SlurmError as exc:  # another agent was first, or the job is ending anyway
+            log.info("requeue_not_needed", slurm_job=job, detail=str(exc))
 
     def _terminate_workers(self, grace_s: float = 10.0) -> None:
         deadline = time.monotonic() + grace_s
@@ -284,7 +303,6 @@ def _join_config(core_job: str, node: str, command: list[str]) -> AgentConfig:
         max_restarts=info.max_restarts,
         drain_grace_s=info.drain_grace_s,
         heartbeat_interval_s=info.heartbeat_interval_s,
-        run=int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0),
         slurm_job_id=satellite,
         worker_env=info.worker_env,
     )
@@ -302,6 +320,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-restarts", type=int, default=3)
     parser.add_argument("--drain-grace-s", type=float, default=60.0)
     parser.add_argument("--heartbeat-interval-s", type=float, default=1.0)
+    parser.add_argument(
+        "--requeue-on-coordinator-loss", action="store_true", help="requeue the Slurm job if its coordinator vanishes"
+    )
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -326,8 +347,8 @@ def main(argv: list[str] | None = None) -> int:
                 max_restarts=args.max_restarts,
                 drain_grace_s=args.drain_grace_s,
                 heartbeat_interval_s=args.heartbeat_interval_s,
-                run=int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0),
                 slurm_job_id=os.environ.get("SLURM_JOB_ID"),
+                requeue_on_coordinator_loss=args.requeue_on_coordinator_loss,
             )
         return Agent(config).run()
     except (ElasticError, OSError) as exc:

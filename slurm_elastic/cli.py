@@ -19,9 +19,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"slurm-elastic {__version__}")
     sub = parser.add_subparsers(dest="command_name", required=True, metavar="COMMAND")
     run.add_parser(sub)
-    agent = sub.add_parser("agent", help="the per-node agent (started by `run`)", add_help=False)
-    agent.add_argument("agent_args", nargs=argparse.REMAINDER)
-    agent.set_defaults(func=lambda a: __import__("slurm_elastic.agent", fromlist=["main"]).main(a.agent_args))
+    sub.add_parser("agent", help="the per-node agent (started by `run` and by satellite jobs; see --help)")
     data_cli.add_parser(sub)
     demo.add_parser(sub)
     bench.add_parser(sub)
@@ -30,6 +28,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["agent"]:  # its own parser: it takes a command after --, options and all
+        from slurm_elastic import agent
+
+        return agent.main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

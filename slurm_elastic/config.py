@@ -30,7 +30,7 @@ class JobConfig(BaseModel):
     pg_timeout_s: float = Field(default=60.0, gt=0)
     max_restarts: int = Field(default=3, ge=0)
     max_identical_failures: int = Field(default=3, ge=1)
-    recovery: Literal["in_process", "restart"] = "in_process"
+    recovery: Literal["in_process", "restart", "requeue"] = "in_process"
     backend: Literal["auto", "gloo", "nccl"] = "auto"
     drain_grace_s: float = Field(default=60.0, gt=0)
     progress_interval_s: float = Field(default=10.0, gt=0)
@@ -41,6 +41,7 @@ class JobConfig(BaseModel):
     ledger_dir: Path | None = None
     node_watch_interval_s: float = Field(default=5.0, gt=0)
     requeue: bool = True
+    record_commits: bool = False  # one `commit` record per step in events.jsonl (benchmarks, tests)
 
     @property
     def expected_workers(self) -> int:

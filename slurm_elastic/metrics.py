@@ -22,6 +22,7 @@ class Recovery:
     last_step_before: int  # the last step committed before the kill
     recovered_step: int | None  # the first step committed after it
     mttr_s: float | None  # kill -> commit of the step after `last_step_before`
+    lost_steps: int = 0  # committed steps that had to be computed again
 
 
 def recovery_after(kill_time: float, commits: Sequence[CommitLike]) -> Recovery:
@@ -36,9 +37,10 @@ def recovery_after(kill_time: float, commits: Sequence[CommitLike]) -> Recovery:
         if c.step < lowest_later and c.step > last:
             durable = c
         lowest_later = min(lowest_later, c.step)
+    lost = max(0, last - min((c.step for c in after), default=last + 1) + 1)
     if durable is None:
-        return Recovery(kill_time, last, None, None)
-    return Recovery(kill_time, last, durable.step, durable.worker_time - kill_time)
+        return Recovery(kill_time, last, None, None, lost)
+    return Recovery(kill_time, last, durable.step, durable.worker_time - kill_time, lost)
 
 
 def median(values: Sequence[float]) -> float | None:

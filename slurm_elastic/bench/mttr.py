@@ -20,7 +20,6 @@ from typing import Any, Literal
 
 from slurm_elastic.config import JobConfig
 from slurm_elastic.coordinator.server import PublicView
-from slurm_elastic.events import read_events
 from slurm_elastic.launch.local import LocalJob
 from slurm_elastic.metrics import median, recovery_after
 from slurm_elastic.workload import corpus, train_command
@@ -103,10 +102,7 @@ def measure(mode: Mode, plan: MttrPlan, data: Path, out: Path, log: Callable[[st
     for killed_at in kills:
         rec = recovery_after(killed_at, commits)
         result.mttr_s.append(rec.mttr_s if rec.mttr_s is not None else float("nan"))
-    ready = [e for e in read_events(job.dir / "events.jsonl") if e["event"] == "generation_ready"]
-    for killed_at in kills:
-        after = [e for e in ready if e["time"] > killed_at]
-        result.lost_steps.append(int(after[0].get("lost_committed_steps", 0)) if after else -1)
+        result.lost_steps.append(rec.lost_steps)
     return result
 
 

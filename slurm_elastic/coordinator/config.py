@@ -23,7 +23,9 @@ class CoordinatorConfig:
     rendezvous_timeout_s: float = 300.0
     pg_timeout_s: float = 60.0
     backend: Literal["auto", "gloo", "nccl"] = "auto"
-    recovery: Literal["in_process", "restart"] = "in_process"
+    recovery: Literal["in_process", "restart", "requeue"] = "in_process"
     max_identical_failures: int = 3
     progress_interval_s: float = 10.0
     events_path: Path | None = None
+    record_commits: bool = False
+    run: int = 0  # the job's restart count (SLURM_RESTART_COUNT of the core job)

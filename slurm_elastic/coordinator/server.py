@@ -145,6 +145,8 @@ class Coordinator:
             store_host=cfg.advertise_host or cfg.host,
             store_port=self.store.port,
             store_prefix=self.store_prefix,
+            load_checkpoint=self.state.phase == "rendezvous",
+            run=cfg.run,
         )
 
     # --- connections ----------------------------------------------------------------------------------
@@ -286,6 +288,10 @@ class Coordinator:
         now = time.time()
         commit = Commit(c.step, c.generation, c.world, c.loss, c.samples, c.time, now)
         self._recent_commits.append(commit)
+        if self.config.record_commits:
+            self.events.emit(
+                "commit", quiet=True, step=c.step, generation=c.generation, world=c.world, worker_time=c.time
+            )
         with self._view_lock:
             self._view.commits.append(commit)
             self._view.last_step = max(self._view.last_step, c.step)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 Phase = Literal["rendezvous", "running", "finished", "failed", "suspended"]
-Recovery = Literal["in_process", "restart"]
+Recovery = Literal["in_process", "restart", "requeue"]
 
 
 @dataclass(frozen=True)
@@ -281,6 +281,9 @@ def _abrupt(state: State, lost: set[str], leaving: set[str], cause: str, policy:
         return Outcome(replace(base, phase="finished", reason=reason), (Complete(reason),), reason)
     if not survivors:
         reason = f"all members lost ({cause}); no peer holds the training state"
+        return Outcome(replace(base, phase="failed", reason=reason), (Fail(reason),), reason)
+    if policy.recovery == "requeue":  # the usual Slurm practice, kept as a baseline: the whole job starts over
+        reason = f"{cause}: the job must be requeued and resumed from its latest checkpoint"
         return Outcome(replace(base, phase="failed", reason=reason), (Fail(reason),), reason)
     if policy.recovery == "restart":
         reason = f"{cause}: restarting all {len(workers)} workers from the latest checkpoint"

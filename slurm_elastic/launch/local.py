@@ -87,6 +87,7 @@ class LocalJob:
                 max_identical_failures=cfg.max_identical_failures,
                 progress_interval_s=cfg.progress_interval_s,
                 events_path=self.dir / "events.jsonl",
+                record_commits=cfg.record_commits,
             )
         ).start()
         JobHandle(self.job_id, self.address, self.secret, "localhost", os.getpid(), time.time()).write(self.dir)

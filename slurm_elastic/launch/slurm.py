@@ -102,6 +102,8 @@ class SlurmLaunch:
                 max_identical_failures=cfg.max_identical_failures,
                 progress_interval_s=cfg.progress_interval_s,
                 events_path=self.dir / "events.jsonl",
+                record_commits=cfg.record_commits,
+                run=info.restart_count,
             )
         ).start()
         address = self.coordinator.address
@@ -123,6 +125,7 @@ class SlurmLaunch:
             "--max-restarts", str(cfg.max_restarts),
             "--drain-grace-s", str(cfg.drain_grace_s),
             "--heartbeat-interval-s", str(cfg.heartbeat_interval_s),
+            *(["--requeue-on-coordinator-loss"] if cfg.requeue else []),
             "--", *self.command,
         ]  # fmt: skip
         argv = srun_argv(agent, nodes=len(nodes), nodelist=nodes, extra=("--export=ALL",))
@@ -192,7 +195,8 @@ class SlurmLaunch:
             for job in self.backend.jobs(name=satellite_name(self.slurm_job)):
                 if not job.is_finished:
                     self.backend.cancel(job.job_id)
-        if phase == "suspended" and self.config.requeue:
+        baseline = phase == "failed" and self.config.recovery == "requeue"
+        if (phase == "suspended" or baseline) and self.config.requeue:
             with contextlib.suppress(SlurmError):
                 self.backend.requeue(self.slurm_job)
                 log.info("job_requeued", slurm_job=self.slurm_job)
@@ -205,7 +209,7 @@ class SlurmLaunch:
 def submit_satellite(backend: SlurmBackend, core_job: str, partition: str | None) -> str:
     if not SATELLITE_TEMPLATE.is_file():
         raise ElasticError(f"satellite template {SATELLITE_TEMPLATE} is missing")
-    args = [f"--job-name={satellite_name(core_job)}"]
+    args = [f"--job-name={satellite_name(core_job)}", f"--output={job_dir(core_job)}/satellite-%j.out"]
     if partition:
         args.append(f"--partition={partition}")
     env = {"SE_PYTHON": sys.executable, **os.environ, "SLURM_ELASTIC_CORE_JOB": core_job}

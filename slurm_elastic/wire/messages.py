@@ -124,6 +124,8 @@ class WorkerSettings(_Msg):
     store_host: str
     store_port: int = Field(ge=1, le=65535)
     store_prefix: str
+    load_checkpoint: bool = False  # only workers of the job's first generation; joiners heal from peers
+    run: int = Field(default=0, ge=0)  # how many times the whole job was restarted (Slurm requeues)
 
 
 class Registered(_Msg):

@@ -119,8 +119,7 @@ class ElasticJob:
         self._started = False
         self._finished = False
         self._faults = FaultInjector(self.env.faults, self.env.node, self.env.local_rank, self.env.incarnation)
-        ledger_dir = self.env.ledger_dir
-        self._ledger = LedgerWriter(ledger_dir, self.env.worker_id, self.env.run) if ledger_dir else None
+        self._ledger: LedgerWriter | None = None  # opened once the job's run number is known
         ckpt = self.env.checkpoint_dir
         self._checkpoints = CheckpointWriter(ckpt, background=self.env.checkpoint_background) if ckpt else None
         if self._faults.armed:
@@ -268,9 +267,10 @@ class ElasticJob:
         if self._started:
             return
         self._started = True
-        resumed = self._load_checkpoint()
         env = self.env
         if env.standalone:
+            self._open_ledger(env.run)
+            self._load_checkpoint()
             self._fresh = False
             self._enter_solo()
             return
@@ -283,17 +283,25 @@ class ElasticJob:
             self._interrupt,
         )
         try:
-            settings = self._control.register(self.step if resumed else -1, os.getpid())
+            settings = self._control.register(-1, os.getpid())
         except JobOver as exc:
             log.info("job_already_over", worker=env.worker_id, reason=str(exc))
             self.close()
             raise SystemExit(0) from None
+        self._open_ledger(settings.run)
+        if settings.load_checkpoint:  # the job (re)starts: its state may be on disk; a joiner's never is
+            self._load_checkpoint()
         self._handle_sigterm()
         self._backend = pick_backend(settings.backend)
         self._pg_timeout = settings.pg_timeout_s
         self._store_address = (settings.store_host, settings.store_port)
         self._store_prefix = settings.store_prefix
         self._recover("start", first=True)
+
+    def _open_ledger(self, run: int) -> None:
+        # The run is the whole job's (requeues of the core job), never a satellite's own restart count.
+        if self.env.ledger_dir is not None:
+            self._ledger = LedgerWriter(self.env.ledger_dir, self.env.worker_id, run)
 
     def _handle_sigterm(self) -> None:
         """Slurm signals every process of a step on preemption: leave at the next step boundary instead."""

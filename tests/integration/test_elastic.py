@@ -49,7 +49,7 @@ def test_sigterm_of_a_node_drains_it(runner: Runner, reference: dict[str, torch.
     res = runner("sigterm", actions=[Action(at_step=5, kind="sigterm_node", node="local3")])
     assert_same_training(res, reference)
     assert ("drain", 4, 3) in membership_changes(res)
-    assert res.result.agent_exit_codes["local3"] == 0
+    assert res.result.agent_exit_codes["local3"] == 75  # drained because signalled: a satellite requeues itself
 
 
 def test_stopped_worker_is_evicted(runner: Runner, reference: dict[str, torch.Tensor]) -> None:

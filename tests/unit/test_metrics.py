@@ -19,6 +19,7 @@ def test_recovery_is_the_first_commit_past_the_last_step_before_the_kill() -> No
     rec = recovery_after(2.5, commits)
     assert (rec.last_step_before, rec.recovered_step) == (2, 3)
     assert rec.mttr_s == pytest.approx(1.0)
+    assert rec.lost_steps == 0
 
 
 def test_a_commit_that_a_restart_rolls_back_is_not_a_recovery() -> None:
@@ -27,6 +28,7 @@ def test_a_commit_that_a_restart_rolls_back_is_not_a_recovery() -> None:
     rec = recovery_after(2.0005, commits)
     assert rec.last_step_before == 2
     assert rec.recovered_step == 3 and rec.mttr_s == pytest.approx(8.2 - 2.0005)
+    assert rec.lost_steps == 2  # steps 1 and 2 were committed twice
 
 
 def test_no_recovery_yet() -> None:

@@ -1,0 +1,153 @@
+"""`slurm-elastic bench mttr --slurm`: recovery from a node failure on the local Slurm cluster, elastic
+versus the usual Slurm practice (the job is requeued, restarts, and resumes from its latest checkpoint).
+
+Both run the same workload through `elastic_core.sbatch` on 4 nodes. A failure is `kill_node`: the node's
+slurmd, step daemons and tasks die at once. Elastic: the survivors go on; the node is restarted and a
+satellite refills it before the next kill. Baseline: the job is requeued as soon as the failure is seen
+(kinder than waiting for Slurm's SlurmdTimeout), restarts once Slurm allows, loads the checkpoint written
+every `checkpoint_every` steps and replays what was lost.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from slurm_elastic.devcluster import LocalCluster
+from slurm_elastic.errors import ElasticError
+from slurm_elastic.launch.slurm import submit_satellite
+from slurm_elastic.metrics import median, recovery_after
+from slurm_elastic.slurm import CliBackend
+from slurm_elastic.workload import corpus, example
+
+CORE = Path(__file__).resolve().parents[2] / "sbatch_templates" / "elastic_core.sbatch"
+
+
+@dataclass(frozen=True)
+class Commit:
+    step: int
+    worker_time: float
+
+
+class Run:
+    """One core job on the local cluster, watched through its events file."""
+
+    def __init__(self, root: Path, env: dict[str, str], job_id: str) -> None:
+        self.root, self.env, self.job_id = root, env, job_id
+
+    @property
+    def events_path(self) -> Path:
+        return Path(self.env["SLURM_ELASTIC_HOME"]) / "jobs" / self.job_id / "events.jsonl"
+
+    def events(self, kind: str) -> list[dict[str, Any]]:
+        if not self.events_path.exists():
+            return []
+        lines = self.events_path.read_text().splitlines()
+        return [e for e in (json.loads(x) for x in lines if x.strip()) if e["event"] == kind]
+
+    def commits(self) -> list[Commit]:
+        return [Commit(e["step"], e["worker_time"]) for e in self.events("commit")]
+
+    def world(self) -> int:
+        changes = self.events("membership_change")
+        return changes[-1]["world"] if changes else 0
+
+    def wait(self, what: str, predicate: Callable[[], bool], timeout: float = 300.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not predicate():
+            if time.monotonic() > deadline:
+                raise ElasticError(f"bench: job {self.job_id}: timed out waiting for {what}")
+            time.sleep(0.1)
+
+
+def _submit(root: Path, mode: str, checkpoint_every: int) -> Run:
+    env = {
+        **os.environ,
+        "SLURM_ELASTIC_HOME": str(root / "home"),
+        "SLURM_ELASTIC_HOST": "127.0.0.1",
+        "SLURM_ELASTIC_RECOVERY": mode,
+        "SLURM_ELASTIC_RECORD_COMMITS": "true",
+        "SLURM_ELASTIC_CHECKPOINT_EVERY": str(checkpoint_every),
+        "SLURM_ELASTIC_HEARTBEAT_INTERVAL_S": "0.5",
+        "SLURM_ELASTIC_MAX_RESTARTS": "0",
+        "OMP_NUM_THREADS": "1",
+        "SE_PYTHON": sys.executable,
+    }
+    root.mkdir(parents=True, exist_ok=True)
+    train = [sys.executable, str(example()), "--data", str(corpus()), "--steps", "1000000"]
+    argv = ["sbatch", "--parsable", "--nodes=3-4", f"--chdir={root}", f"--output={root}/core-%j.out", str(CORE), *train]
+    out = subprocess.run(argv, env=env, check=True, capture_output=True, text=True, timeout=30).stdout
+    return Run(root, env, out.strip().split(";")[0])
+
+
+def measure(mode: str, kills: int, cluster: LocalCluster, root: Path, log: Callable[[str], None]) -> dict[str, Any]:
+    backend = CliBackend(env=cluster.command_env())
+    run = _submit(root, mode, checkpoint_every=10)
+    killed: list[float] = []
+    try:
+        run.wait("the job to train on 4 nodes", lambda: run.world() == 4 and len(run.commits()) >= 15)
+        for i in range(kills):
+            batch_host = backend.job(run.job_id).batch_host
+            victim = [n for n in backend.job(run.job_id).nodes if n != batch_host][-1]
+            last = max(c.step for c in run.commits())
+            run.wait("a fresh commit", lambda last=last: max(c.step for c in run.commits()) > last)  # type: ignore[misc]
+            when = time.time()
+            cluster.kill_node(victim)
+            killed.append(when)
+            run.wait("recovery", lambda when=when: recovery_after(when, run.commits()).mttr_s is not None)  # type: ignore[misc]
+            log(f"  {mode}: kill {i + 1}/{kills} of {victim}: {recovery_after(when, run.commits()).mttr_s:.2f} s")
+            cluster.restart_node(victim)
+            if mode == "in_process":  # refill the freed node with a satellite so each kill meets 4 nodes
+                submit_satellite(backend, run.job_id, None)
+                run.wait("4 nodes again", lambda: run.world() == 4, timeout=300)
+            goal = max(c.step for c in run.commits()) + 10
+            run.wait("steps after recovery", lambda goal=goal: max(c.step for c in run.commits()) >= goal)  # type: ignore[misc]
+    finally:
+        subprocess.run(["scancel", run.job_id], env=run.env, check=False, timeout=30)
+        for job in backend.jobs(name=f"se-sat-{run.job_id}"):
+            backend.cancel(job.job_id)
+    recoveries = [recovery_after(t, run.commits()) for t in killed]
+    return {"mttr_s": [r.mttr_s for r in recoveries], "lost": [r.lost_steps for r in recoveries]}
+
+
+def run(*, nodes: int, kills: int, log: Callable[[str], None]) -> dict[str, Any]:
+    if nodes != 4:
+        raise ElasticError("bench mttr --slurm uses the local cluster's 4 nodes (--nodes 4)")
+    cluster = LocalCluster()
+    if not cluster.is_up():
+        raise ElasticError(f"the local Slurm cluster ({cluster.state_dir}) is not running: `make cluster-up` first")
+    os.environ.update(cluster.env())
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="slurm-elastic-bench-slurm-") as tmp:
+        log(f"bench mttr --slurm: {kills} node failures, elastic recovery")
+        elastic = measure("in_process", kills, cluster, Path(tmp) / "elastic", log)
+        log(f"bench mttr --slurm: {kills} node failures, requeue and resume from a checkpoint (every 10 steps)")
+        baseline = measure("requeue", kills, cluster, Path(tmp) / "baseline", log)
+    cluster.wait_nodes(cluster.nodes, want_idle=True, timeout_s=120)
+    e_med = median([m for m in elastic["mttr_s"] if m is not None])
+    b_med = median([m for m in baseline["mttr_s"] if m is not None])
+    return {
+        "slurm": True,
+        "nodes": nodes,
+        "kills": kills,
+        "workload": "examples/train_char_lm.py through elastic_core.sbatch",
+        "checkpoint_every": 10,
+        "elastic_mttr_s": [round(m, 3) if m is not None else None for m in elastic["mttr_s"]],
+        "baseline_mttr_s": [round(m, 3) if m is not None else None for m in baseline["mttr_s"]],
+        "elastic_mttr_s_median": round(e_med, 3) if e_med is not None else None,
+        "baseline_mttr_s_median": round(b_med, 3) if b_med is not None else None,
+        "ratio": round(e_med / b_med, 4) if e_med is not None and b_med else None,
+        "lost_steps_elastic": sum(elastic["lost"]),
+        "lost_steps_baseline": sum(baseline["lost"]),
+        "lost_steps_elastic_per_kill": elastic["lost"],
+        "lost_steps_baseline_per_kill": baseline["lost"],
+        "elapsed_s": round(time.monotonic() - started, 1),
+    }
