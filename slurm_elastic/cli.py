@@ -12,6 +12,7 @@ from slurm_elastic.errors import ConfigError, ElasticError
 def build_parser() -> argparse.ArgumentParser:
     from slurm_elastic.commands import bench, demo, jobs, run
     from slurm_elastic.data import cli as data_cli
+    from slurm_elastic.hooks import cli as hooks_cli
 
     parser = argparse.ArgumentParser(
         prog="slurm-elastic", description="Checkpointless, elastic PyTorch training on Slurm"
@@ -24,6 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_parser(sub)
     bench.add_parser(sub)
     jobs.add_parsers(sub)
+    hooks_cli.add_parser(sub)
     return parser
 
 

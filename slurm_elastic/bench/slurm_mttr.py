@@ -106,7 +106,7 @@ def measure(mode: str, kills: int, cluster: LocalCluster, root: Path, log: Calla
             log(f"  {mode}: kill {i + 1}/{kills} of {victim}: {recovery_after(when, run.commits()).mttr_s:.2f} s")
             cluster.restart_node(victim)
             if mode == "in_process":  # refill the freed node with a satellite so each kill meets 4 nodes
-                submit_satellite(backend, run.job_id, None)
+                submit_satellite(backend, run.job_id, None, env=run.env)
                 run.wait("4 nodes again", lambda: run.world() == 4, timeout=300)
             goal = max(c.step for c in run.commits()) + 10
             run.wait("steps after recovery", lambda goal=goal: max(c.step for c in run.commits()) >= goal)  # type: ignore[misc]

@@ -10,7 +10,7 @@ from slurm_elastic.commands.common import fail
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("bench", help="benchmarks (mttr)", description=__doc__)
+    p = sub.add_parser("bench", help="benchmarks (mttr, notify)", description=__doc__)
     which = p.add_subparsers(dest="bench", required=True, metavar="BENCHMARK")
     mttr = which.add_parser("mttr", help="recovery time after a node's SIGKILL: elastic vs checkpoint-restart")
     mttr.add_argument("--json", action="store_true", help="print one JSON object")
@@ -18,6 +18,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     mttr.add_argument("--kills", type=int, default=5)
     mttr.add_argument("--slurm", action="store_true", help="on the local Slurm cluster (job requeue as the baseline)")
     mttr.set_defaults(func=run_mttr)
+    from slurm_elastic.hooks import bench as notify
+
+    notify.add_parser(which)
 
 
 def run_mttr(args: argparse.Namespace) -> int:

@@ -20,6 +20,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import structlog
@@ -73,10 +74,18 @@ class SlurmLaunch:
         self.coordinator: CoordinatorThread | None = None
         self._notified: set[str] = set()
 
+    def live_nodes(self) -> tuple[list[str], int]:
+        """The job's nodes as Slurm sees them now, and its number of heterogeneous components (1: none)."""
+        info = self.backend.job(self.slurm_job)
+        if not info.het_job_id:
+            return list(info.nodes), 1
+        parts = [j for j in self.backend.jobs() if j.het_job_id == info.het_job_id]
+        return sorted({n for j in parts for n in j.nodes}), max(1, len(parts))
+
     def start(self) -> None:
         cfg = self.config
         info = self.backend.job(self.slurm_job)
-        nodes = list(info.nodes)
+        nodes, components = self.live_nodes()
         host = _advertised_host(cfg)
         if info.restart_count == 0 and self.dir.exists():
             # A fresh job whose id was used before (a reset controller): never resume someone else's state.
@@ -128,7 +137,10 @@ class SlurmLaunch:
             *(["--requeue-on-coordinator-loss"] if cfg.requeue else []),
             "--", *self.command,
         ]  # fmt: skip
-        argv = srun_argv(agent, nodes=len(nodes), nodelist=nodes, extra=("--export=ALL",))
+        if components > 1:  # one agent per node of every component
+            argv = srun_argv(agent, nodes=None, extra=(f"--het-group=0-{components - 1}", "--export=ALL"))
+        else:
+            argv = srun_argv(agent, nodes=len(nodes), nodelist=nodes, extra=("--export=ALL",))
         self.srun = subprocess.Popen(argv, env={**os.environ, **env, "SLURM_ELASTIC_SECRET": self.secret})
 
     # --- the loop -------------------------------------------------------------------------------------
@@ -206,13 +218,17 @@ class SlurmLaunch:
             (self.dir / "coordinator.json").unlink()
 
 
-def submit_satellite(backend: SlurmBackend, core_job: str, partition: str | None) -> str:
+def submit_satellite(
+    backend: SlurmBackend, core_job: str, partition: str | None, env: Mapping[str, str] | None = None
+) -> str:
+    """One satellite job for `core_job`, submitted with `env` (default: this process's environment)."""
     if not SATELLITE_TEMPLATE.is_file():
         raise ElasticError(f"satellite template {SATELLITE_TEMPLATE} is missing")
-    args = [f"--job-name={satellite_name(core_job)}", f"--output={job_dir(core_job)}/satellite-%j.out"]
+    env = {"SE_PYTHON": sys.executable, **(env if env is not None else os.environ), "SLURM_ELASTIC_CORE_JOB": core_job}
+    root = Path(env["SLURM_ELASTIC_HOME"]) if env.get("SLURM_ELASTIC_HOME") else None
+    args = [f"--job-name={satellite_name(core_job)}", f"--output={job_dir(core_job, root)}/satellite-%j.out"]
     if partition:
         args.append(f"--partition={partition}")
-    env = {"SE_PYTHON": sys.executable, **os.environ, "SLURM_ELASTIC_CORE_JOB": core_job}
     return backend.submit(SATELLITE_TEMPLATE, args=args, env=env)
 
 

@@ -54,6 +54,7 @@ class SlurmBackend(Protocol):
         args: Sequence[str] = (),
         env: Mapping[str, str] | None = None,
         test_only: bool = False,
+        script_args: Sequence[str] = (),
     ) -> str:
         """`sbatch [args] script`; returns the job id. `args` are sbatch options, put before the script;
         `env` is added to the caller's environment. With `test_only` nothing is queued: the id Slurm

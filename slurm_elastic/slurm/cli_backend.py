@@ -176,11 +176,12 @@ class CliBackend:
         args: Sequence[str] = (),
         env: Mapping[str, str] | None = None,
         test_only: bool = False,
+        script_args: Sequence[str] = (),
     ) -> str:
         script = Path(script)
         if not script.is_file():
             raise SlurmRequestError(f"batch script {str(script)!r} does not exist")
-        opts = ["--parsable", *(["--test-only"] if test_only else []), *args, str(script)]
+        opts = ["--parsable", *(["--test-only"] if test_only else []), *args, str(script), *script_args]
         result = self._run("sbatch", *opts, env=env)
         if test_only:
             # The estimate is printed on stderr by sbatch's logger.

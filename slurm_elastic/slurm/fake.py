@@ -146,6 +146,7 @@ class FakeSlurm:
         args: Sequence[str] = (),
         env: Mapping[str, str] | None = None,
         test_only: bool = False,
+        script_args: Sequence[str] = (),
     ) -> str:
         opts = _sbatch_options(Path(script), args)
         partition = opts.get("partition") or next(iter(self._partitions))

@@ -110,8 +110,9 @@ class PyslurmBackend:
         args: Sequence[str] = (),
         env: Mapping[str, str] | None = None,
         test_only: bool = False,
+        script_args: Sequence[str] = (),
     ) -> str:
-        return self._cli.submit(script, args=args, env=env, test_only=test_only)
+        return self._cli.submit(script, args=args, env=env, test_only=test_only, script_args=script_args)
 
     def cancel(self, job_id: str, *, signal: str | int | None = None, batch_only: bool = False) -> None:
         job = self._ps.Job(int(job_id))

@@ -52,7 +52,9 @@ def elastic(job: ElasticSlurmJob, *args: str) -> subprocess.CompletedProcess[str
 
 
 def sbatch(*args: str) -> str:
-    out = subprocess.run(["sbatch", "--parsable", *args], check=True, capture_output=True, text=True, timeout=30)
+    out = subprocess.run(
+        ["sbatch", "--parsable", "--output=/dev/null", *args], check=True, capture_output=True, text=True, timeout=30
+    )
     return out.stdout.strip().split(";")[0]
 
 

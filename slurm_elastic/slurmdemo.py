@@ -1,0 +1,152 @@
+"""`slurm-elastic demo --slurm`: the demo through `elastic_core.sbatch` on the local Slurm cluster.
+
+A core job trains on n1-n3; a satellite joins on n4; n2 dies (its slurmd, step daemons and tasks are
+killed); an `infer` job preempts the satellite, which drains at a step boundary and requeues itself;
+when the infer job ends the satellite rejoins. The result is compared with an uninterrupted run of the
+same job, submitted the same way.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from slurm_elastic.demo import render
+from slurm_elastic.devcluster import LocalCluster
+from slurm_elastic.errors import ElasticError
+from slurm_elastic.launch.slurm import submit_satellite
+from slurm_elastic.ledger import analyze
+from slurm_elastic.metrics import max_param_rel_diff, recovery_after
+from slurm_elastic.slurm import CliBackend
+from slurm_elastic.workload import corpus, train_command
+
+CORE = Path(__file__).resolve().parents[1] / "sbatch_templates" / "elastic_core.sbatch"
+STEPS = 2400
+
+
+class DemoJob:
+    def __init__(self, root: Path, backend: CliBackend, nodes: str) -> None:
+        self.root, self.backend = root, backend
+        root.mkdir(parents=True, exist_ok=True)
+        self.env = {
+            **os.environ,
+            "SLURM_ELASTIC_HOME": str(root / "home"),
+            "SLURM_ELASTIC_HOST": "127.0.0.1",
+            "SLURM_ELASTIC_LEDGER_DIR": str(root / "ledger"),
+            "SLURM_ELASTIC_RECORD_COMMITS": "true",
+            "SLURM_ELASTIC_HEARTBEAT_INTERVAL_S": "0.5",
+            "SLURM_ELASTIC_MAX_RESTARTS": "0",
+            "SLURM_ELASTIC_PROGRESS_INTERVAL_S": "5",
+            "OMP_NUM_THREADS": "1",
+            "SE_PYTHON": sys.executable,
+        }
+        command = train_command(corpus(), STEPS, root / "model.pt")
+        args = [f"--nodelist={nodes}", f"--nodes={len(backend.hostnames(nodes))}", f"--output={root}/core-%j.out"]
+        self.job_id = backend.submit(CORE, args=args, env=self.env, script_args=command)
+
+    def events(self, kind: str | None = None) -> list[dict[str, Any]]:
+        path = self.root / "home" / "jobs" / self.job_id / "events.jsonl"
+        if not path.exists():
+            return []
+        records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        return [e for e in records if kind is None or e["event"] == kind]
+
+    def world(self) -> int:
+        changes = self.events("membership_change")
+        return changes[-1]["world"] if changes else 0
+
+    def wait(self, what: str, predicate: Callable[[], bool], timeout: float = 300.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not predicate():
+            if time.monotonic() > deadline:
+                raise ElasticError(f"demo: job {self.job_id} timed out waiting for {what}")
+            time.sleep(0.2)
+
+    def finished(self) -> bool:
+        info = self.backend.job(self.job_id)
+        return info.is_finished and info.state != "REQUEUED"
+
+
+def run_slurm_demo(workdir: Path | None, log: Callable[[str], None]) -> dict[str, Any]:
+    cluster = LocalCluster()
+    if not cluster.is_up():
+        raise ElasticError(f"the local Slurm cluster ({cluster.state_dir}) is not running: `make cluster-up` first")
+    os.environ.update(cluster.env())
+    backend = CliBackend(env=cluster.command_env())
+    started = time.monotonic()
+    out = workdir or Path(tempfile.mkdtemp(prefix="slurm-elastic-demo-slurm-"))
+    try:
+        log(f"demo --slurm: reference run of {STEPS} steps on n[1-3], uninterrupted")
+        ref = DemoJob(out / "reference", backend, "n[1-3]")
+        ref.wait("the reference run", ref.finished, timeout=900)
+        log("demo --slurm: elastic run on n[1-3]; a satellite joins, n2 dies, the satellite is preempted and rejoins")
+        job = DemoJob(out / "elastic", backend, "n[1-3]")
+        job.wait("the job to start", lambda: job.world() == 3)
+        satellite = submit_satellite(backend, job.job_id, "train", env=job.env)
+        job.wait("the satellite to join", lambda: job.world() == 4)
+        job.wait("a few more steps", lambda: len(job.events("commit")) >= 20)
+        killed = time.time()
+        cluster.kill_node("n2")
+        job.wait("recovery from the node failure", lambda: job.world() == 3)
+        cluster.restart_node("n2")
+        infer = _sbatch(["--partition=infer", "--exclusive", "--nodelist=n4", "--output=/dev/null", "--wrap=sleep 15"])
+        job.wait("the satellite to be preempted", lambda: job.world() == 2)
+        job.wait("the satellite to rejoin", lambda: job.world() == 3, timeout=300)
+        job.wait("the end of training", job.finished, timeout=900)
+        backend.cancel(satellite)
+        commits = [_Commit(e["step"], e["worker_time"]) for e in job.events("commit")]
+        ref_commits = ref.events("commit")
+        ledger = analyze(job.root / "ledger")
+        changes = job.events("membership_change")
+        recovery = recovery_after(killed, commits)
+        summary = {
+            "steps": ledger.committed_steps,
+            "failures": 1,
+            "joins": sum(len(e["joined"]) for e in changes if e["cause"] != "start"),
+            "mttr_s": [round(recovery.mttr_s, 4) if recovery.mttr_s is not None else None],
+            "lost_committed_steps": recovery.lost_steps,
+            "duplicate_samples": ledger.duplicate_samples,
+            "skipped_samples": ledger.skipped_samples,
+            "final_loss": round(job.events("progress")[-1]["loss"], 6),
+            "reference_final_loss": round(ref.events("progress")[-1]["loss"], 6),
+            "max_param_rel_diff": max_param_rel_diff(
+                torch.load(job.root / "model.pt"), torch.load(ref.root / "model.pt")
+            ),
+            "world_sizes": [e["world"] for e in changes],
+            "generations": len(changes),
+            "events": sorted({e["event"] for e in job.events()} - {"commit", "progress"}),
+            "slurm_jobs": {"core": job.job_id, "satellite": satellite, "infer": infer, "reference": ref.job_id},
+            "reference_commits": len(ref_commits),
+            "elapsed_s": round(time.monotonic() - started, 1),
+            "workdir": str(out) if workdir else None,
+        }
+        return summary
+    finally:
+        if workdir is None:
+            shutil.rmtree(out, ignore_errors=True)
+
+
+class _Commit:
+    def __init__(self, step: int, worker_time: float) -> None:
+        self.step, self.worker_time = step, worker_time
+
+
+def _sbatch(args: list[str]) -> str:
+    done = subprocess.run(["sbatch", "--parsable", *args], check=True, capture_output=True, text=True, timeout=30)
+    return done.stdout.strip().split(";")[0]
+
+
+def main(as_json: bool, workdir: Path | None) -> int:
+    summary = run_slurm_demo(workdir, lambda line: print(line, file=sys.stderr, flush=True))
+    print(json.dumps(summary) if as_json else render(summary))
+    return 0
