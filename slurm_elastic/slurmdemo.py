@@ -117,8 +117,8 @@ def run_slurm_demo(workdir: Path | None, log: Callable[[str], None]) -> dict[str
             "lost_committed_steps": recovery.lost_steps,
             "duplicate_samples": ledger.duplicate_samples,
             "skipped_samples": ledger.skipped_samples,
-            "final_loss": round(job.events("progress")[-1]["loss"], 6),
-            "reference_final_loss": round(ref.events("progress")[-1]["loss"], 6),
+            "final_loss": round(job.events("commit")[-1]["loss"], 6),
+            "reference_final_loss": round(ref_commits[-1]["loss"], 6),
             "max_param_rel_diff": max_param_rel_diff(
                 torch.load(job.root / "model.pt"), torch.load(ref.root / "model.pt")
             ),

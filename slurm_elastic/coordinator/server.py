@@ -290,7 +290,13 @@ class Coordinator:
         self._recent_commits.append(commit)
         if self.config.record_commits:
             self.events.emit(
-                "commit", quiet=True, step=c.step, generation=c.generation, world=c.world, worker_time=c.time
+                "commit",
+                quiet=True,
+                step=c.step,
+                loss=c.loss,
+                generation=c.generation,
+                world=c.world,
+                worker_time=c.time,
             )
         with self._view_lock:
             self._view.commits.append(commit)

@@ -121,13 +121,20 @@ def job_env(root: Path) -> dict[str, str]:
 
 
 def submit_core(
-    root: Path, *, nodes: str, steps: int, pause: float, sbatch_args: tuple[str, ...] = ()
+    root: Path,
+    *,
+    nodes: str | None,
+    steps: int,
+    pause: float,
+    sbatch_args: tuple[str, ...] = (),
+    template: Path = CORE,
 ) -> ElasticSlurmJob:
     root.mkdir(parents=True, exist_ok=True)
     data = corpus(root.parent)
     argv = [
-        "sbatch", "--parsable", f"--nodes={nodes}", f"--chdir={root}", f"--output={root}/core-%j.out", *sbatch_args,
-        str(CORE), sys.executable, str(SLOW), "--data", str(data), "--steps", str(steps), "--pause", str(pause),
+        "sbatch", "--parsable", *([f"--nodes={nodes}"] if nodes else []), f"--chdir={root}",
+        f"--output={root}/core-%j.out", *sbatch_args, str(template),
+        sys.executable, str(SLOW), "--data", str(data), "--steps", str(steps), "--pause", str(pause),
         "--save", str(root / "model.pt"),
     ]  # fmt: skip
     job_id = subprocess.run(argv, env=job_env(root), check=True, capture_output=True, text=True, timeout=30).stdout

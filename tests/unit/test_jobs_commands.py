@@ -1,0 +1,71 @@
+from __future__ import annotations
+
+import pytest
+
+from slurm_elastic.commands.jobs import choose_nodes_to_reclaim, render_status
+from slurm_elastic.decide.slurm_watch import drains_for, satellites_to_submit
+from slurm_elastic.errors import ElasticError
+from slurm_elastic.slurm import NodeInfo
+from slurm_elastic.wire.messages import MemberStatus, StatusReply
+
+
+def status(nodes: dict[str, str]) -> StatusReply:
+    return StatusReply(
+        job_id="10",
+        state="running",
+        generation=3,
+        world_size=len(nodes),
+        step=42,
+        loss=1.5,
+        samples_per_s=100.0,
+        nodes=sorted(nodes),
+        node_jobs=nodes,
+        members=[
+            MemberStatus(worker_id=f"{n}:0:0", node=n, rank=i, step=42, phase="compute", last_seen_s=0.1)
+            for i, n in enumerate(sorted(nodes))
+        ],
+        pending=[],
+        draining=[],
+        events=[{"event": "membership_change", "job": "10", "time": 0.0, "generation": 3, "cause": "join"}],
+    )
+
+
+def test_reclaim_takes_satellites_first_then_core_nodes_from_the_last_never_the_batch_host() -> None:
+    s = status({"n1": "10", "n2": "10", "n3": "10", "n4": "11", "n5": "12"})
+    assert choose_nodes_to_reclaim(s, "10", "n1", 2) == ["n4", "n5"]
+    assert choose_nodes_to_reclaim(s, "10", "n1", 3) == ["n4", "n5", "n3"]
+    assert choose_nodes_to_reclaim(s, "10", "n1", 4) == ["n4", "n5", "n3", "n2"]
+    with pytest.raises(ElasticError, match=r"at most 4 nodes.*batch host n1 stays"):
+        choose_nodes_to_reclaim(s, "10", "n1", 5)
+
+
+def test_status_names_the_generation_members_and_satellites() -> None:
+    text = render_status(status({"n1": "10", "n2": "11"}))
+    assert "job 10: running, generation 3, world 2, step 42, loss 1.5000, 100.0 samples/s" in text
+    assert "n2 (slurm job 11)" in text
+    assert "rank 1   n2:0:0" in text
+    assert "membership_change generation=3 cause=join" in text
+
+
+def node(name: str, state: str, flags: frozenset[str] = frozenset(), reason: str = "") -> NodeInfo:
+    return NodeInfo(name=name, state=state, flags=flags, reason=reason, partitions=())
+
+
+def test_slurm_node_states_become_drains_once() -> None:
+    nodes = [
+        node("n1", "ALLOCATED"),
+        node("n2", "ALLOCATED", frozenset({"DRAIN"}), "bad fan"),
+        node("n3", "DOWN", frozenset(), "not responding"),
+        node("n4", "IDLE", frozenset({"DRAIN"})),  # not ours
+    ]
+    drains = drains_for(nodes, {"n1", "n2", "n3"}, set())
+    assert [(d.node, d.mode) for d in drains] == [("n2", "boundary"), ("n3", "now")]
+    assert "bad fan" in drains[0].reason
+    assert drains_for(nodes, {"n1", "n2", "n3"}, {"n2", "n3"}) == []
+
+
+def test_satellite_pool_keeps_the_number_pending() -> None:
+    assert satellites_to_submit(pending=0, keep_pending=3) == 3
+    assert satellites_to_submit(pending=2, keep_pending=3) == 1
+    assert satellites_to_submit(pending=5, keep_pending=3) == 0
+    assert satellites_to_submit(pending=0, keep_pending=500, limit=64) == 64
