@@ -7,10 +7,13 @@ import json
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import structlog
+
+from slurm_elastic.errors import ElasticError
 
 log = structlog.get_logger("slurm_elastic")
 
@@ -48,3 +51,25 @@ def read_events(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+class EventsFile:
+    """A job's `events.jsonl`, for tools that watch a job from outside it (demos, benchmarks, tests)."""
+
+    def __init__(self, path: Path, label: str) -> None:
+        self.path = path
+        self.label = label
+
+    def events(self, kind: str | None = None) -> list[dict[str, Any]]:
+        return [e for e in read_events(self.path) if kind is None or e["event"] == kind]
+
+    def world(self) -> int:
+        changes = self.events("membership_change")
+        return int(changes[-1]["world"]) if changes else 0
+
+    def wait(self, what: str, predicate: Callable[[], bool], timeout: float = 300.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not predicate():
+            if time.monotonic() > deadline:
+                raise ElasticError(f"{self.label}: timed out after {timeout:.0f} s waiting for {what}")
+            time.sleep(0.2)

@@ -24,6 +24,7 @@ import torch
 from slurm_elastic.demo import render
 from slurm_elastic.devcluster import LocalCluster
 from slurm_elastic.errors import ElasticError
+from slurm_elastic.events import EventsFile
 from slurm_elastic.launch.slurm import submit_satellite
 from slurm_elastic.ledger import analyze
 from slurm_elastic.metrics import max_param_rel_diff, recovery_after
@@ -34,7 +35,7 @@ CORE = Path(__file__).resolve().parents[1] / "sbatch_templates" / "elastic_core.
 STEPS = 2400
 
 
-class DemoJob:
+class DemoJob(EventsFile):
     def __init__(self, root: Path, backend: CliBackend, nodes: str) -> None:
         self.root, self.backend = root, backend
         root.mkdir(parents=True, exist_ok=True)
@@ -53,24 +54,7 @@ class DemoJob:
         command = train_command(corpus(), STEPS, root / "model.pt")
         args = [f"--nodelist={nodes}", f"--nodes={len(backend.hostnames(nodes))}", f"--output={root}/core-%j.out"]
         self.job_id = backend.submit(CORE, args=args, env=self.env, script_args=command)
-
-    def events(self, kind: str | None = None) -> list[dict[str, Any]]:
-        path = self.root / "home" / "jobs" / self.job_id / "events.jsonl"
-        if not path.exists():
-            return []
-        records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-        return [e for e in records if kind is None or e["event"] == kind]
-
-    def world(self) -> int:
-        changes = self.events("membership_change")
-        return changes[-1]["world"] if changes else 0
-
-    def wait(self, what: str, predicate: Callable[[], bool], timeout: float = 300.0) -> None:
-        deadline = time.monotonic() + timeout
-        while not predicate():
-            if time.monotonic() > deadline:
-                raise ElasticError(f"demo: job {self.job_id} timed out waiting for {what}")
-            time.sleep(0.2)
+        super().__init__(root / "home" / "jobs" / self.job_id / "events.jsonl", f"demo job {self.job_id}")
 
     def finished(self) -> bool:
         info = self.backend.job(self.job_id)

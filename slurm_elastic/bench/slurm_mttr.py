@@ -10,7 +10,6 @@ every `checkpoint_every` steps and replays what was lost.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -23,6 +22,7 @@ from typing import Any
 
 from slurm_elastic.devcluster import LocalCluster
 from slurm_elastic.errors import ElasticError
+from slurm_elastic.events import EventsFile
 from slurm_elastic.launch.slurm import submit_satellite
 from slurm_elastic.metrics import median, recovery_after
 from slurm_elastic.slurm import CliBackend
@@ -37,35 +37,15 @@ class Commit:
     worker_time: float
 
 
-class Run:
+class Run(EventsFile):
     """One core job on the local cluster, watched through its events file."""
 
     def __init__(self, root: Path, env: dict[str, str], job_id: str) -> None:
+        super().__init__(Path(env["SLURM_ELASTIC_HOME"]) / "jobs" / job_id / "events.jsonl", f"bench job {job_id}")
         self.root, self.env, self.job_id = root, env, job_id
-
-    @property
-    def events_path(self) -> Path:
-        return Path(self.env["SLURM_ELASTIC_HOME"]) / "jobs" / self.job_id / "events.jsonl"
-
-    def events(self, kind: str) -> list[dict[str, Any]]:
-        if not self.events_path.exists():
-            return []
-        lines = self.events_path.read_text().splitlines()
-        return [e for e in (json.loads(x) for x in lines if x.strip()) if e["event"] == kind]
 
     def commits(self) -> list[Commit]:
         return [Commit(e["step"], e["worker_time"]) for e in self.events("commit")]
-
-    def world(self) -> int:
-        changes = self.events("membership_change")
-        return changes[-1]["world"] if changes else 0
-
-    def wait(self, what: str, predicate: Callable[[], bool], timeout: float = 300.0) -> None:
-        deadline = time.monotonic() + timeout
-        while not predicate():
-            if time.monotonic() > deadline:
-                raise ElasticError(f"bench: job {self.job_id}: timed out waiting for {what}")
-            time.sleep(0.1)
 
 
 def _submit(root: Path, mode: str, checkpoint_every: int) -> Run:

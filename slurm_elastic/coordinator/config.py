@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from slurm_elastic.config import JobConfig
 
 
 @dataclass(frozen=True)
@@ -29,3 +32,29 @@ class CoordinatorConfig:
     events_path: Path | None = None
     record_commits: bool = False
     run: int = 0  # the job's restart count (SLURM_RESTART_COUNT of the core job)
+
+
+def coordinator_config(
+    cfg: JobConfig, *, job_id: str, secret: str, job_dir: Path, workers: int, host: str, run: int = 0
+) -> CoordinatorConfig:
+    """The coordinator's part of a job's settings, for a job of `workers` training processes."""
+    return CoordinatorConfig(
+        job_id=job_id,
+        secret=secret,
+        expected_workers=workers,
+        min_workers=min(cfg.min_workers, workers),
+        host=host,
+        port=cfg.port,
+        heartbeat_interval_s=cfg.heartbeat_interval_s,
+        lease_timeout_s=cfg.lease_timeout_s,
+        hang_timeout_s=cfg.hang_timeout_s,
+        rendezvous_timeout_s=cfg.rendezvous_timeout_s,
+        pg_timeout_s=cfg.pg_timeout_s,
+        backend=cfg.backend,
+        recovery=cfg.recovery,
+        max_identical_failures=cfg.max_identical_failures,
+        progress_interval_s=cfg.progress_interval_s,
+        events_path=job_dir / "events.jsonl",
+        record_commits=cfg.record_commits,
+        run=run,
+    )

@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import IO
 
 from slurm_elastic.config import JobConfig
-from slurm_elastic.coordinator import CoordinatorConfig, CoordinatorThread
+from slurm_elastic.coordinator import CoordinatorThread
+from slurm_elastic.coordinator.config import coordinator_config
 from slurm_elastic.coordinator.server import PublicView
 from slurm_elastic.errors import ElasticError
 from slurm_elastic.faults import FaultPlan
@@ -69,27 +70,10 @@ class LocalJob:
     def start(self) -> LocalJob:
         cfg = self.config
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.coordinator = CoordinatorThread(
-            CoordinatorConfig(
-                job_id=self.job_id,
-                secret=self.secret,
-                expected_workers=cfg.expected_workers,
-                min_workers=cfg.min_workers,
-                host=cfg.host,
-                port=cfg.port,
-                heartbeat_interval_s=cfg.heartbeat_interval_s,
-                lease_timeout_s=cfg.lease_timeout_s,
-                hang_timeout_s=cfg.hang_timeout_s,
-                rendezvous_timeout_s=cfg.rendezvous_timeout_s,
-                pg_timeout_s=cfg.pg_timeout_s,
-                backend=cfg.backend,
-                recovery=cfg.recovery,
-                max_identical_failures=cfg.max_identical_failures,
-                progress_interval_s=cfg.progress_interval_s,
-                events_path=self.dir / "events.jsonl",
-                record_commits=cfg.record_commits,
-            )
-        ).start()
+        settings = coordinator_config(
+            cfg, job_id=self.job_id, secret=self.secret, job_dir=self.dir, workers=cfg.expected_workers, host=cfg.host
+        )
+        self.coordinator = CoordinatorThread(settings).start()
         JobHandle(self.job_id, self.address, self.secret, "localhost", os.getpid(), time.time()).write(self.dir)
         for _ in range(cfg.nodes):
             self.add_node()

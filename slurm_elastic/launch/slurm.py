@@ -27,7 +27,8 @@ import structlog
 
 from slurm_elastic.commands.common import fail, job_config
 from slurm_elastic.config import JobConfig
-from slurm_elastic.coordinator import CoordinatorConfig, CoordinatorThread
+from slurm_elastic.coordinator import CoordinatorThread
+from slurm_elastic.coordinator.config import coordinator_config
 from slurm_elastic.decide.slurm_watch import drains_for, satellites_to_submit
 from slurm_elastic.errors import ElasticError, SlurmError
 from slurm_elastic.jobdir import JobHandle, LaunchInfo, hook_comment, job_dir
@@ -93,28 +94,12 @@ class SlurmLaunch:
             self.dir.rename(stale)
             log.warning("stale_job_dir_moved", slurm_job=self.slurm_job, moved_to=str(stale))
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.coordinator = CoordinatorThread(
-            CoordinatorConfig(
-                job_id=self.slurm_job,
-                secret=self.secret,
-                expected_workers=len(nodes) * cfg.nproc_per_node,
-                min_workers=min(cfg.min_workers, len(nodes) * cfg.nproc_per_node),
-                host=host,
-                port=cfg.port,
-                heartbeat_interval_s=cfg.heartbeat_interval_s,
-                lease_timeout_s=cfg.lease_timeout_s,
-                hang_timeout_s=cfg.hang_timeout_s,
-                rendezvous_timeout_s=cfg.rendezvous_timeout_s,
-                pg_timeout_s=cfg.pg_timeout_s,
-                backend=cfg.backend,
-                recovery=cfg.recovery,
-                max_identical_failures=cfg.max_identical_failures,
-                progress_interval_s=cfg.progress_interval_s,
-                events_path=self.dir / "events.jsonl",
-                record_commits=cfg.record_commits,
-                run=info.restart_count,
-            )
-        ).start()
+        workers = len(nodes) * cfg.nproc_per_node
+        settings = coordinator_config(
+            cfg, job_id=self.slurm_job, secret=self.secret, job_dir=self.dir, workers=workers, host=host,
+            run=info.restart_count,
+        )  # fmt: skip
+        self.coordinator = CoordinatorThread(settings).start()
         address = self.coordinator.address
         env = worker_env(cfg, self.dir)
         LaunchInfo(

@@ -14,21 +14,15 @@ re-run the same global samples. A rank whose reduction completed is a step ahead
 
 from __future__ import annotations
 
-import atexit
 import datetime
-import logging
 import os
-import signal
-import sys
-import threading
 import time
-import traceback
 from collections.abc import Callable, Iterator, Sequence
-from types import TracebackType
 from typing import Any
 
 import structlog
 import torch
+from pydantic import BaseModel
 from torch.utils.data import default_collate
 
 from slurm_elastic.data.order import SampleOrder
@@ -41,8 +35,6 @@ from slurm_elastic.wire.messages import (
     AtBoundary,
     CollectiveFault,
     Committed,
-    DrainRequest,
-    Failure,
     Finished,
     Leave,
     Phase,
@@ -50,9 +42,10 @@ from slurm_elastic.wire.messages import (
     WorkerEvent,
 )
 from slurm_elastic.worker.checkpoint import CheckpointWriter, load_latest
-from slurm_elastic.worker.comm import CollectiveFailed, Group, Interrupt, Interrupted, leftovers, pick_backend
+from slurm_elastic.worker.comm import CollectiveFailed, Group, Interrupt, Interrupted, pick_backend
 from slurm_elastic.worker.control import Announcement, ControlClient, CoordinatorLost, Identity, JobOver
 from slurm_elastic.worker.env import WorkerEnv, worker_env
+from slurm_elastic.worker.process import ProcessHooks
 from slurm_elastic.worker.state import Snapshot, capture, fingerprint, restore
 from slurm_elastic.worker.step import Step
 from slurm_elastic.worker.sync import synchronize
@@ -115,7 +108,7 @@ class ElasticJob:
         self._acc = self._new_accumulator()
         self._boundary_due = False
         self._attempt: Step | None = None
-        self._exit_code = 0  # what the process should report if the library has to end it (see atexit)
+        self._process = ProcessHooks(self.env.node, self.env.worker_id, self._send)
         self._started = False
         self._finished = False
         self._faults = FaultInjector(self.env.faults, self.env.node, self.env.local_rank, self.env.incarnation)
@@ -169,6 +162,10 @@ class ElasticJob:
 
     def load_batch(self, start: int, size: int) -> Any:
         return self._collate([self._dataset[int(i)] for i in self._order.indices(start, size)])
+
+    def _send(self, message: BaseModel) -> None:
+        if self._control is not None:
+            self._control.send(message)
 
     def set_phase(self, phase: Phase) -> None:
         if self._control:
@@ -274,8 +271,6 @@ class ElasticJob:
             self._fresh = False
             self._enter_solo()
             return
-        sys.excepthook = self._report_failure(sys.excepthook)
-        atexit.register(self._exit_without_leftovers)
         self._control = ControlClient(
             env.coordinator or "",
             env.secret,
@@ -291,7 +286,7 @@ class ElasticJob:
         self._open_ledger(settings.run)
         if settings.load_checkpoint:  # the job (re)starts: its state may be on disk; a joiner's never is
             self._load_checkpoint()
-        self._handle_sigterm()
+        self._process.install()
         self._backend = pick_backend(settings.backend)
         self._pg_timeout = settings.pg_timeout_s
         self._store_address = (settings.store_host, settings.store_port)
@@ -302,21 +297,6 @@ class ElasticJob:
         # The run is the whole job's (requeues of the core job), never a satellite's own restart count.
         if self.env.ledger_dir is not None:
             self._ledger = LedgerWriter(self.env.ledger_dir, self.env.worker_id, run)
-
-    def _handle_sigterm(self) -> None:
-        """Slurm signals every process of a step on preemption: leave at the next step boundary instead."""
-        if threading.current_thread() is not threading.main_thread():
-            return
-        if signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, None):
-            return  # the user's own handler wins
-
-        def on_sigterm(signum: int, frame: object) -> None:
-            control = self._control
-            if control is not None:
-                drain = DrainRequest(nodes=[self.env.node], mode="boundary", reason="SIGTERM", source="worker")
-                threading.Thread(target=control.send, args=(drain,), daemon=True).start()
-
-        signal.signal(signal.SIGTERM, on_sigterm)
 
     def _enter_solo(self) -> None:
         if self._reference_world is None:
@@ -358,7 +338,7 @@ class ElasticJob:
                 ann = self._control.next_announcement(self.generation)
         except CoordinatorLost as exc:
             log.error("coordinator_lost", worker=self.env.worker_id, detail=str(exc))
-            self._exit_code = EXIT_COORDINATOR_LOST
+            self._process.exit_code = EXIT_COORDINATOR_LOST
             self.close()
             raise SystemExit(EXIT_COORDINATOR_LOST) from None
         if isinstance(ann, Leave):
@@ -475,7 +455,7 @@ class ElasticJob:
         self.close()
         if stop.error:
             log.error("job_stopped", worker=self.env.worker_id, reason=stop.reason)
-            self._exit_code = 1
+            self._process.exit_code = 1
             raise SystemExit(1)
         raise SystemExit(0)
 
@@ -512,30 +492,6 @@ class ElasticJob:
         if self._params:
             self._params[0].register_hook(lambda grad: faults.hit("backward", self.step + 1))
         self.optimizer.register_step_pre_hook(lambda *_: faults.hit("optimizer", self.step + 1))
-
-    def _exit_without_leftovers(self) -> None:
-        """Process groups abandoned in a recovery may still block in gloo threads until their timeout; at
-        interpreter exit their C++ destructors abort the process. When any are left, end it here instead."""
-        if not leftovers():
-            return
-        logging.shutdown()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(self._exit_code)
-
-    def _report_failure(self, previous: Callable[..., Any]) -> Callable[..., Any]:
-        def hook(kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
-            self._exit_code = 1
-            if self._control is not None and not isinstance(exc, ElasticError | KeyboardInterrupt):
-                frames = traceback.extract_tb(tb)
-                where = f"{frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name}" if frames else "?"
-                first_line = (str(exc).splitlines() or [""])[0][:300]
-                text = "".join(traceback.format_exception(kind, exc, tb))
-                signature = f"{kind.__name__}: {first_line} at {where}"
-                self._control.send(Failure(worker_id=self.env.worker_id, signature=signature, traceback=text[-60_000:]))
-            previous(kind, exc, tb)
-
-        return hook
 
 
 __all__ = ["ElasticJob", "JobFailed"]

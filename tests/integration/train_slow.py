@@ -13,14 +13,31 @@ import slurm_elastic as se
 from char_model import build, parse_args, save
 
 
+def option(name: str, default: str | None) -> str | None:
+    """Take `name VALUE` out of the command line (the example's own parser does not know it)."""
+    if name not in sys.argv:
+        return default
+    i = sys.argv.index(name)
+    value = sys.argv[i + 1]
+    del sys.argv[i : i + 2]
+    return value
+
+
 def main() -> None:
-    pause = float(sys.argv.pop(sys.argv.index("--pause") + 1)) if "--pause" in sys.argv else 0.0
-    if "--pause" in sys.argv:
-        sys.argv.remove("--pause")
+    pause = float(option("--pause", "0") or 0)
+    per_replica = option("--per-replica-batch", None)
+    lr_rule = option("--lr-rule", "linear")
     args = parse_args()
     data, model, optimizer, scheduler = build(args)
+    batch = {"per_replica_batch": int(per_replica)} if per_replica else {"global_batch": args.global_batch}
     job = se.ElasticJob(
-        model, optimizer, scheduler, dataset=data, global_batch=args.global_batch, micro_batch=args.micro_batch
+        model,
+        optimizer,
+        scheduler,
+        dataset=data,
+        micro_batch=args.micro_batch,
+        lr_rule=lr_rule,
+        **batch,  # type: ignore[arg-type]
     )
     for step in job.steps(args.steps):
         for x, y in step.micro_batches():

@@ -68,7 +68,7 @@ def one_line(exc: pytest.ExceptionInfo[ConfigError]) -> str:
 def test_bad_literal_from_the_command_line_names_the_flag_value_and_choices() -> None:
     with pytest.raises(ConfigError) as exc:
         resolve_config({"recovery": "bogus"})
-    assert one_line(exc) == "invalid --recovery: 'bogus' (input should be 'in_process' or 'restart')"
+    assert one_line(exc) == "invalid --recovery: 'bogus' (input should be 'in_process', 'restart' or 'requeue')"
 
 
 def test_bad_literal_from_the_environment_names_the_variable() -> None:
@@ -84,7 +84,7 @@ def test_bad_value_from_a_file_names_the_setting_and_the_file(tmp_path: Path) ->
     with pytest.raises(ConfigError) as exc:
         resolve_config(file=path)
     text = one_line(exc)
-    assert text == f"invalid recovery in config file {path}: 'bogus' (input should be 'in_process' or 'restart')"
+    assert text == f"invalid recovery in config file {path}: 'bogus' (input should be 'in_process', 'restart' or 'requeue')"
 
 
 def test_the_layer_that_set_the_value_is_blamed(tmp_path: Path) -> None:

@@ -1,0 +1,78 @@
+"""What the library does to the training process itself: SIGTERM becomes a drain request, an uncaught
+exception in the user's code is reported (with its traceback) before the process dies, and a process that
+went through recoveries ends without tripping over the process groups it abandoned."""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import signal
+import sys
+import threading
+import traceback
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any
+
+from pydantic import BaseModel
+
+from slurm_elastic.errors import ElasticError
+from slurm_elastic.wire.messages import DrainRequest, Failure
+from slurm_elastic.worker.comm import leftovers
+
+
+def failure_signature(kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> str:
+    """Type, first line of the message and innermost place: equal for the same bug on any rank."""
+    frames = traceback.extract_tb(tb)
+    where = f"{frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name}" if frames else "?"
+    first_line = (str(exc).splitlines() or [""])[0][:300]
+    return f"{kind.__name__}: {first_line} at {where}"
+
+
+class ProcessHooks:
+    def __init__(self, node: str, worker_id: str, send: Callable[[BaseModel], None]) -> None:
+        self.node = node
+        self.worker_id = worker_id
+        self.send = send
+        self.exit_code = 0  # what the process reports if the library has to end it (see atexit)
+
+    def install(self) -> None:
+        sys.excepthook = self._report_failure(sys.excepthook)
+        atexit.register(self._exit_without_leftovers)
+        self._drain_on_sigterm()
+
+    def _drain_on_sigterm(self) -> None:
+        """Slurm signals every process of a step on preemption: leave at the next step boundary instead."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        if signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, None):
+            return  # the user's own handler wins
+
+        def on_sigterm(signum: int, frame: object) -> None:
+            drain = DrainRequest(nodes=[self.node], mode="boundary", reason="SIGTERM", source="worker")
+            # Not from the handler itself: it may interrupt the main thread inside a send holding its lock.
+            threading.Thread(target=self.send, args=(drain,), daemon=True).start()
+
+        signal.signal(signal.SIGTERM, on_sigterm)
+
+    def _exit_without_leftovers(self) -> None:
+        """Process groups abandoned in a recovery may still block in gloo threads until their timeout; at
+        interpreter exit their C++ destructors abort the process. When any are left, end it here instead."""
+        if not leftovers():
+            return
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(self.exit_code)
+
+    def _report_failure(self, previous: Callable[..., Any]) -> Callable[..., Any]:
+        def hook(kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
+            self.exit_code = 1
+            if not isinstance(exc, ElasticError | KeyboardInterrupt):
+                text = "".join(traceback.format_exception(kind, exc, tb))
+                signature = failure_signature(kind, exc, tb)
+                self.send(Failure(worker_id=self.worker_id, signature=signature, traceback=text[-60_000:]))
+            previous(kind, exc, tb)
+
+        return hook
