@@ -90,12 +90,12 @@ def measure(mode: Mode, plan: MttrPlan, data: Path, out: Path, log: Callable[[st
             killed_at = job.kill_node(victim)
             kills.append(killed_at)
             _wait(job, "recovery", lambda v, k=killed_at: recovery_after(k, v.commits).mttr_s is not None)  # type: ignore[misc]
-            rec = recovery_after(killed_at, job.view().commits)
-            log(f"  {mode}: kill {i + 1}/{plan.kills} of {victim}: recovered in {rec.mttr_s:.3f} s")
             job.add_node()
             _wait(job, "the replacement node", lambda v: v.world == plan.nodes)
             goal = job.view().last_step + plan.steps_between
             _wait(job, "steps after the join", lambda v, g=goal: v.last_step >= g)  # type: ignore[misc]
+            rec = recovery_after(killed_at, job.view().commits)  # known for sure only now (a restart replays)
+            log(f"  {mode}: kill {i + 1}/{plan.kills} of {victim}: recovered in {rec.mttr_s:.3f} s")
         commits = job.view().commits
     finally:
         job.stop()

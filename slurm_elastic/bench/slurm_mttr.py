@@ -2,10 +2,10 @@
 versus the usual Slurm practice (the job is requeued, restarts, and resumes from its latest checkpoint).
 
 Both run the same workload through `elastic_core.sbatch` on 4 nodes. A failure is `kill_node`: the node's
-slurmd, step daemons and tasks die at once. Elastic: the survivors go on; the node is restarted and a
-satellite refills it before the next kill. Baseline: the job is requeued as soon as the failure is seen
-(kinder than waiting for Slurm's SlurmdTimeout), restarts once Slurm allows, loads the checkpoint written
-every `checkpoint_every` steps and replays what was lost.
+slurmd, step daemons and tasks die at once. Elastic: the survivors go on; the node is restarted and the
+job starts an agent there again before the next kill. Baseline: the job is requeued as soon as the failure
+is seen (kinder than waiting for Slurm's SlurmdTimeout), restarts once Slurm allows, loads the checkpoint
+written every `checkpoint_every` steps and replays what was lost.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from typing import Any
 from slurm_elastic.devcluster import LocalCluster
 from slurm_elastic.errors import ElasticError
 from slurm_elastic.events import EventsFile
-from slurm_elastic.launch.slurm import submit_satellite
 from slurm_elastic.metrics import median, recovery_after
 from slurm_elastic.slurm import CliBackend
 from slurm_elastic.workload import corpus, example
@@ -58,6 +57,7 @@ def _submit(root: Path, mode: str, checkpoint_every: int) -> Run:
         "SLURM_ELASTIC_CHECKPOINT_EVERY": str(checkpoint_every),
         "SLURM_ELASTIC_HEARTBEAT_INTERVAL_S": "0.5",
         "SLURM_ELASTIC_MAX_RESTARTS": "0",
+        "SLURM_ELASTIC_NODE_WATCH_INTERVAL_S": "1",
         "OMP_NUM_THREADS": "1",
         "SE_PYTHON": sys.executable,
     }
@@ -83,13 +83,13 @@ def measure(mode: str, kills: int, cluster: LocalCluster, root: Path, log: Calla
             cluster.kill_node(victim)
             killed.append(when)
             run.wait("recovery", lambda when=when: recovery_after(when, run.commits()).mttr_s is not None)  # type: ignore[misc]
-            log(f"  {mode}: kill {i + 1}/{kills} of {victim}: {recovery_after(when, run.commits()).mttr_s:.2f} s")
-            cluster.restart_node(victim)
-            if mode == "in_process":  # refill the freed node with a satellite so each kill meets 4 nodes
-                submit_satellite(backend, run.job_id, None, env=run.env)
+            cluster.restart_node(victim)  # the node comes back: the elastic job starts an agent there again
+            if mode == "in_process":
                 run.wait("4 nodes again", lambda: run.world() == 4, timeout=300)
             goal = max(c.step for c in run.commits()) + 10
             run.wait("steps after recovery", lambda goal=goal: max(c.step for c in run.commits()) >= goal)  # type: ignore[misc]
+            # Only now is it known which commit after the kill lasted (a requeued job replays).
+            log(f"  {mode}: kill {i + 1}/{kills} of {victim}: {recovery_after(when, run.commits()).mttr_s:.2f} s")
     finally:
         subprocess.run(["scancel", run.job_id], env=run.env, check=False, timeout=30)
         for job in backend.jobs(name=f"se-sat-{run.job_id}"):

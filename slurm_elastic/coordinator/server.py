@@ -95,6 +95,7 @@ class Coordinator:
         self._ticker_task: asyncio.Task[None] | None = None
         self.pool_keep_pending = 0  # read by the Slurm launcher, set by `grow --keep-pending`
         self.pool_partition: str | None = None
+        self.drained_nodes: set[str] = set()  # every node ever asked to leave: never relaunched
         self.store: Any = None
         self.server: asyncio.AbstractServer | None = None
         self.address = ""
@@ -348,6 +349,7 @@ class Coordinator:
             self._feed(m.Abort(verdict))
 
     def _on_drain(self, d: msg.DrainRequest) -> msg.Ack:
+        self.drained_nodes.update(d.nodes)
         self.events.emit("drain_requested", nodes=d.nodes, mode=d.mode, reason=d.reason, source=d.source)
         outcome = self._feed(m.Drain(tuple(d.nodes), d.mode, d.reason))
         return msg.Ack(ok=True, detail=outcome.reason)

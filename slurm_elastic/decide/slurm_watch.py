@@ -3,7 +3,7 @@ many satellite jobs to submit so that `keep_pending` of them wait in the queue."
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -33,3 +33,27 @@ def drains_for(nodes: Iterable[NodeInfo], members: set[str], notified: set[str])
 
 def satellites_to_submit(pending: int, keep_pending: int, limit: int = 64) -> int:
     return max(0, min(keep_pending - pending, limit))
+
+
+def nodes_to_relaunch(
+    allocation: Iterable[NodeInfo],
+    *,
+    had_agent: set[str],
+    have_agent: set[str],
+    drained: set[str],
+    last_try: Mapping[str, float],
+    now: float,
+    retry_s: float,
+) -> list[str]:
+    """Nodes of the job's own allocation whose agent was lost (not drained on purpose) and that Slurm shows
+    healthy again, e.g. a node whose slurmd came back: start a new agent there, at most every `retry_s`."""
+    out = []
+    for node in allocation:
+        name = node.name
+        if name in have_agent or name not in had_agent or name in drained:
+            continue
+        if node.down or node.drain or "FAIL" in node.flags or node.state == "FAIL":
+            continue
+        if now - last_try.get(name, -retry_s) >= retry_s:
+            out.append(name)
+    return out

@@ -29,7 +29,7 @@ from slurm_elastic.commands.common import fail, job_config
 from slurm_elastic.config import JobConfig
 from slurm_elastic.coordinator import CoordinatorThread
 from slurm_elastic.coordinator.config import coordinator_config
-from slurm_elastic.decide.slurm_watch import drains_for, satellites_to_submit
+from slurm_elastic.decide.slurm_watch import drains_for, nodes_to_relaunch, satellites_to_submit
 from slurm_elastic.errors import ElasticError, SlurmError
 from slurm_elastic.jobdir import JobHandle, LaunchInfo, hook_comment, job_dir
 from slurm_elastic.logs import configure_logging
@@ -74,6 +74,9 @@ class SlurmLaunch:
         self.srun: subprocess.Popen[bytes] | None = None
         self.coordinator: CoordinatorThread | None = None
         self._notified: set[str] = set()
+        self._had_agent: set[str] = set()
+        self._relaunched: dict[str, float] = {}
+        self._steps: list[subprocess.Popen[bytes]] = []  # agents started again on nodes that came back
 
     def live_nodes(self) -> tuple[list[str], int]:
         """The job's nodes as Slurm sees them now, and its number of heterogeneous components (1: none)."""
@@ -126,7 +129,8 @@ class SlurmLaunch:
             argv = srun_argv(agent, nodes=None, extra=(f"--het-group=0-{components - 1}", "--export=ALL"))
         else:
             argv = srun_argv(agent, nodes=len(nodes), nodelist=nodes, extra=("--export=ALL",))
-        self.srun = subprocess.Popen(argv, env={**os.environ, **env, "SLURM_ELASTIC_SECRET": self.secret})
+        self._agent_argv, self._agent_env = agent, {**os.environ, **env, "SLURM_ELASTIC_SECRET": self.secret}
+        self.srun = subprocess.Popen(argv, env=self._agent_env)
 
     # --- the loop -------------------------------------------------------------------------------------
 
@@ -151,19 +155,30 @@ class SlurmLaunch:
         return self.coordinator.view().phase
 
     def _watch_nodes(self) -> None:
+        """Slurm's node states become drains; nodes of the allocation that came back get an agent again."""
         assert self.coordinator is not None
         coord = self.coordinator.coordinator
-        members = set(self.coordinator.call(lambda: sorted(coord.agents)))
-        if not members:
-            return
+        members, drained = self.coordinator.call(lambda: (set(coord.agents), set(coord.drained_nodes)))
+        self._had_agent |= members
         try:
-            states = self.backend.nodes(sorted(members))
+            allocation, _ = self.live_nodes()
+            states = self.backend.nodes(sorted(set(allocation) | members)) if allocation or members else []
         except SlurmError as exc:
             log.warning("node_watch_failed", error=str(exc))
             return
         for drain in drains_for(states, members, self._notified):
             self._notified.add(drain.node)
             self.coordinator.drain([drain.node], drain.mode, drain.reason)
+        ours = [n for n in states if n.name in allocation]
+        now = time.monotonic()
+        for node in nodes_to_relaunch(
+            ours, had_agent=self._had_agent, have_agent=members, drained=drained | self._notified,
+            last_try=self._relaunched, now=now, retry_s=15.0,
+        ):  # fmt: skip
+            self._relaunched[node] = now
+            log.info("agent_relaunched", node=node, slurm_job=self.slurm_job)
+            argv = srun_argv(self._agent_argv, nodes=1, nodelist=[node], extra=("--overlap", "--ntasks=1"))
+            self._steps.append(subprocess.Popen(argv, env=self._agent_env))
 
     def _keep_pool(self) -> None:
         assert self.coordinator is not None
@@ -179,6 +194,9 @@ class SlurmLaunch:
             log.warning("satellite_pool_failed", error=str(exc))
 
     def finish(self, phase: str) -> None:
+        for step in self._steps:
+            if step.poll() is None:
+                step.terminate()
         if self.srun is not None and self.srun.poll() is None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.srun.wait(timeout=self.config.drain_grace_s)

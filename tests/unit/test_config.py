@@ -84,7 +84,10 @@ def test_bad_value_from_a_file_names_the_setting_and_the_file(tmp_path: Path) ->
     with pytest.raises(ConfigError) as exc:
         resolve_config(file=path)
     text = one_line(exc)
-    assert text == f"invalid recovery in config file {path}: 'bogus' (input should be 'in_process', 'restart' or 'requeue')"
+    assert (
+        text
+        == f"invalid recovery in config file {path}: 'bogus' (input should be 'in_process', 'restart' or 'requeue')"
+    )
 
 
 def test_the_layer_that_set_the_value_is_blamed(tmp_path: Path) -> None:
