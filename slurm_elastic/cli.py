@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from slurm_elastic import __version__
@@ -37,6 +38,10 @@ def main(argv: list[str] | None = None) -> int:
         return agent.main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
+    from slurm_elastic.logs import configure_logging
+
+    # Quiet by default; `run` reconfigures from the job's settings, the benchmarks print their own lines.
+    configure_logging("json" if os.environ.get("SLURM_ELASTIC_LOG_FORMAT") == "json" else "console", "WARNING")
     try:
         code = args.func(args)
     except ConfigError as exc:

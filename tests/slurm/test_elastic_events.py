@@ -36,7 +36,7 @@ def worlds(job: ElasticSlurmJob) -> list[int]:
 def test_node_failure_is_handled_long_before_slurm_notices(
     slurm_cluster: LocalCluster, jobs: list[ElasticSlurmJob], tmp_path: Path
 ) -> None:
-    job = submit_core(tmp_path / "node-failure", nodes="4", steps=40, pause=0.3)
+    job = submit_core(tmp_path / "node-failure", nodes="4", steps=80, pause=0.3)
     jobs.append(job)
     job.wait_step(6)
     killed_at = time.time()
@@ -45,9 +45,12 @@ def test_node_failure_is_handled_long_before_slurm_notices(
     change = next(e for e in job.events("membership_change") if e["world"] == 3)
     assert change["time"] - killed_at < 25, "recovery must not wait for Slurm's SlurmdTimeout (30 s)"
     assert not slurm_cluster.node_states()["n3"].startswith("down"), "Slurm had not noticed yet"
-    slurm_cluster.restart_node("n3")
+    slurm_cluster.restart_node("n3")  # the node comes back: the job starts an agent there, which rejoins
+    job.wait("n3 to rejoin", lambda: worlds(job)[-1:] == [4], timeout=90)
+    rejoin = job.events("membership_change")[-1]
+    assert rejoin["cause"] == "join" and rejoin["boundary_step"] is not None
     job.wait_finished()
-    job.assert_same_training(reference_model(tmp_path.parent, 40))
+    job.assert_same_training(reference_model(tmp_path.parent, 80))
 
 
 def test_abrupt_shrink_is_handled_like_a_failure(jobs: list[ElasticSlurmJob], tmp_path: Path) -> None:
