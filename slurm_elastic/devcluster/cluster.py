@@ -197,8 +197,15 @@ class LocalCluster:
             log=log,
         )
         deadline = time.monotonic() + self.startup_timeout_s
+        missing_since: float | None = None
         while self.slurm("scontrol", "ping", timeout_s=15.0, check=False).returncode != 0:
-            if time.monotonic() > deadline or not self.layout.controller_pids(procs.list_procs()):
+            now = time.monotonic()
+            # slurmctld daemonizes: for a moment no process matches. Only a lasting absence means it died.
+            if self.layout.controller_pids(procs.list_procs()):
+                missing_since = None
+            elif missing_since is None:
+                missing_since = now
+            if now > deadline or (missing_since is not None and now - missing_since > 3.0):
                 raise ClusterError(f"slurmctld did not come up; see {log}", tail(log))
             time.sleep(0.5)
 

@@ -160,6 +160,8 @@ class SlurmLaunch:
         coord = self.coordinator.coordinator
         members, drained = self.coordinator.call(lambda: (set(coord.agents), set(coord.drained_nodes)))
         self._had_agent |= members
+        if not self._had_agent:
+            return  # nothing to watch before the first agents register
         try:
             allocation, _ = self.live_nodes()
             states = self.backend.nodes(sorted(set(allocation) | members)) if allocation or members else []

@@ -110,7 +110,6 @@ class ElasticJob:
         self._attempt: Step | None = None
         self._process = ProcessHooks(self.env.node, self.env.worker_id, self._send)
         self._started = False
-        self._finished = False
         self._faults = FaultInjector(self.env.faults, self.env.node, self.env.local_rank, self.env.incarnation)
         self._ledger: LedgerWriter | None = None  # opened once the job's run number is known
         ckpt = self.env.checkpoint_dir
@@ -439,7 +438,6 @@ class ElasticJob:
         if self._control:
             self.set_phase("done")
             self._control.send(Finished(generation=self.generation, step=self.step))
-        self._finished = True
         if self._checkpoints:
             self._save_checkpoint()
         self.close()
