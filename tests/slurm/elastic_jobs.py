@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -127,6 +127,7 @@ def submit_core(
     steps: int,
     pause: float,
     sbatch_args: tuple[str, ...] = (),
+    env: Mapping[str, str] | None = None,
     template: Path = CORE,
 ) -> ElasticSlurmJob:
     root.mkdir(parents=True, exist_ok=True)
@@ -137,5 +138,7 @@ def submit_core(
         sys.executable, str(SLOW), "--data", str(data), "--steps", str(steps), "--pause", str(pause),
         "--save", str(root / "model.pt"),
     ]  # fmt: skip
-    job_id = subprocess.run(argv, env=job_env(root), check=True, capture_output=True, text=True, timeout=30).stdout
+    # Settings go in sbatch's own environment: for SLURM_* names Slurm lets that win over --export=NAME=value.
+    settings = {**job_env(root), **(env or {})}
+    job_id = subprocess.run(argv, env=settings, check=True, capture_output=True, text=True, timeout=30).stdout
     return ElasticSlurmJob(job_id.strip().split(";")[0], root, steps)

@@ -110,6 +110,10 @@ wait
 """
 
 
+def tasks_up(log: Path) -> set[str]:
+    return {line.split()[1] for line in log_lines(log) if line.startswith("up ")}
+
+
 def task_step(tmp_path: Path, log: Path) -> str:
     """A shell line that runs TASK_SCRIPT as a step with one task on every node of the job."""
     script = tmp_path / "task.sh"
@@ -145,9 +149,10 @@ def test_infer_job_preempts_train_job_which_is_requeued(
         "sleep 600\n"
     )
     train = jobs.sbatch("-p", "train", "-N4", "--exclusive", f"--output={tmp_path}/train-%j.out", str(train_script))
+    # 'up' is written after the trap is set: a task signalled before that would die without a word.
     wait_until(
-        lambda: log_lines(log).count("start restart=0") == 1 and len(task_pids(slurm_cluster, train)) == 4,
-        "the train job's 4 tasks",
+        lambda: log_lines(log).count("start restart=0") == 1 and len(tasks_up(log)) == 4,
+        "the train job's 4 tasks to be up",
     )
     assert jobs.state(train) == "RUNNING"
 
@@ -173,7 +178,7 @@ def test_infer_job_preempts_train_job_which_is_requeued(
     # The steps got SIGTERM on all 4 nodes, the infer job ran only after that, and the train job ran
     # again (SLURM_RESTART_COUNT=1) only after the infer job had ended.
     terms = [i for i, line in enumerate(events) if line.startswith("TERM ")]
-    assert sorted(events[i].split()[1] for i in terms) == ["n1", "n2", "n3", "n4"]
+    assert sorted(events[i].split()[1] for i in terms) == ["n1", "n2", "n3", "n4"], events
     assert max(terms) < events.index("infer-start") < events.index("infer-end") < events.index("start restart=1")
     assert events.index("srun-exited") < events.index("infer-start")
     assert jobs.field(train, "Restarts") == "1"

@@ -20,12 +20,12 @@ from .test_hooks_cluster import Hooked, hooked, hooks  # noqa: F401 - fixtures: 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(600)]
 
 STEPS = 40
-NO_LAUNCHER_WATCH = "--export=ALL,SLURM_ELASTIC_NODE_WATCH_INTERVAL_S=600,SLURM_ELASTIC_MIN_NODES=1"
+NO_LAUNCHER_WATCH = {"SLURM_ELASTIC_NODE_WATCH_INTERVAL_S": "600", "SLURM_ELASTIC_MIN_NODES": "1"}
 
 
 @pytest.fixture
 def training(hooks: Hooked, tmp_path: Path) -> Iterator[ElasticSlurmJob]:  # noqa: F811 - the imported fixture
-    job = submit_core(tmp_path / "job", nodes="4", steps=STEPS, pause=0.3, sbatch_args=(NO_LAUNCHER_WATCH,))
+    job = submit_core(tmp_path / "job", nodes="4", steps=STEPS, pause=0.3, env=NO_LAUNCHER_WATCH)
     try:
         job.wait_step(6)
         yield job
