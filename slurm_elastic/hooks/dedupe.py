@@ -16,7 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-__all__ = ["MAX_ATTEMPTS", "NodeState", "Plan", "Record", "RunState", "StateFile", "after_notify", "mode_for", "plan"]
+__all__ = [
+    "MAX_ATTEMPTS", "Claim", "NodeState", "Plan", "Record", "RunState", "StateFile", "after_notify", "mode_for", "plan",
+]  # fmt: skip
 
 NodeState = Literal["DRAIN", "FAIL"]
 # A coordinator that does not answer is tried on this many runs, then left alone (it is probably gone).
@@ -74,6 +76,16 @@ def after_notify(records: dict[str, Record], job: str, state: NodeState, done: b
     return {**records, _key(job, state): Record(old.attempts + 1, old.done or done)}
 
 
+@dataclass(frozen=True)
+class Claim:
+    held: bool
+    holder_until: float  # when the lock's holder meant to be done (wall time; 0 if it did not say)
+
+    def overran(self, now: float, grace_s: float) -> bool:
+        """Held by another run that is `grace_s` past the time it meant to be done by."""
+        return not self.held and now - self.holder_until > grace_s
+
+
 class StateFile:
     """`healthcheck.<node>.json` and its lock in a root-only directory."""
 
@@ -83,17 +95,24 @@ class StateFile:
         self.lock_path = state_dir / f"healthcheck.{node}.lock"
 
     @contextlib.contextmanager
-    def locked(self) -> Iterator[bool]:
-        """Yields False when another run of the health check for this node still holds the lock."""
+    def locked(self, until: float = 0.0) -> Iterator[Claim]:
+        """This run's claim on the node's lock. The holder records `until`, the wall time by which it means
+        to be done, so that a run finding the lock held can tell a watching run from one that overran."""
         self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                yield False
+                try:
+                    holder_until = float(os.pread(fd, 64, 0).decode() or 0.0)
+                except ValueError:
+                    holder_until = 0.0
+                yield Claim(False, holder_until)
                 return
-            yield True
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, repr(until).encode(), 0)
+            yield Claim(True, until)
         finally:
             os.close(fd)
 

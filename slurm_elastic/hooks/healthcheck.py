@@ -28,6 +28,8 @@ from slurm_elastic.slurm.errors import SlurmError
 from slurm_elastic.slurm.records import NodeInfo
 
 HOOK = "healthcheck"
+# A run that finds the previous one still going this long after it meant to be done logs it as busy.
+BUSY_GRACE_S = 1.0
 
 
 def _checks(node: str, info: NodeInfo | None, slurm: HookSlurm, r: base.Run) -> NodeInfo | None:
@@ -121,9 +123,13 @@ def run(environ: Mapping[str, str]) -> int:
     node = this_node(environ)
     r = base.start(HOOK, environ, job=None, node=node)
     files = StateFile(Path(r.settings.state_dir), node)
-    with files.locked() as got:
-        if not got:
-            r.log.event("run", "busy")  # the previous run still works (a slow nvidia-smi, a slow coordinator)
+    watching = r.settings.healthcheck_notify and r.settings.watch_s > 0
+    with files.locked(until=time.time() + (r.settings.watch_s if watching else 0.0)) as claim:
+        if not claim.held:
+            # Slurm may start a run while the previous one still watches (24.11 does on node state changes):
+            # say so only when that one overran (a slow nvidia-smi, a slow coordinator).
+            if claim.overran(time.time(), BUSY_GRACE_S):
+                r.log.event("run", "busy", late_s=round(time.time() - claim.holder_until, 1))
             return base.EX_OK
         state = files.load()
         slurm = HookSlurm(timeout_s=base.SLURM_TIMEOUT_S)
@@ -142,7 +148,7 @@ def run(environ: Mapping[str, str]) -> int:
             except SlurmError as exc:
                 r.log.event("query", "error", error=str(exc))
         files.save(state)
-        if r.settings.healthcheck_notify and r.settings.watch_s > 0:
+        if watching:
             _watch(node, node_event(info), slurm, state, files, r, started + r.settings.watch_s)
     return base.EX_OK
 

@@ -3,10 +3,11 @@ forgets when the node is back in service."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 from pathlib import Path
 
-from slurm_elastic.hooks.dedupe import MAX_ATTEMPTS, Record, RunState, StateFile, after_notify, mode_for, plan
+from slurm_elastic.hooks.dedupe import MAX_ATTEMPTS, Claim, Record, RunState, StateFile, after_notify, mode_for, plan
 
 
 def test_a_drain_is_told_once() -> None:
@@ -55,7 +56,7 @@ def test_state_file_round_trip(tmp_path: Path) -> None:
     assert files.load() == RunState()
     state = RunState({"7:DRAIN": Record(1, True)}, 123.5)
     with files.locked() as got:
-        assert got
+        assert got.held
         files.save(state)
     assert files.load() == state
     assert (tmp_path / "state").stat().st_mode & 0o777 == 0o700
@@ -70,16 +71,26 @@ def test_a_damaged_state_file_is_an_empty_state(tmp_path: Path) -> None:
         assert files.load() == RunState()
 
 
-def test_a_second_run_sees_the_lock_held(tmp_path: Path) -> None:
+def test_a_second_run_sees_the_lock_held_and_until_when(tmp_path: Path) -> None:
     files = StateFile(tmp_path, "n3")
-    with files.locked() as first:
-        assert first
+    with files.locked(until=1000.5) as first:
+        assert first.held
         # flock locks belong to open file descriptions: a second open in this process conflicts, as a
         # second health check process would.
-        with StateFile(tmp_path, "n3").locked() as second:
-            assert not second
-    with files.locked() as again:
-        assert again
+        with StateFile(tmp_path, "n3").locked(until=2000.0) as second:
+            assert second == Claim(False, 1000.5)
+            assert not second.overran(now=1001.0, grace_s=1.0)
+            assert second.overran(now=1001.6, grace_s=1.0)
+    with files.locked(until=3000.0) as again:
+        assert again == Claim(True, 3000.0) and not again.overran(now=9999.0, grace_s=1.0)
+    files.lock_path.write_text("garbage")  # a holder that wrote no time counts as overrun
+    fd = os.open(files.lock_path, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        with StateFile(tmp_path, "n3").locked() as other:
+            assert other == Claim(False, 0.0) and other.overran(now=5.0, grace_s=1.0)
+    finally:
+        os.close(fd)
 
 
 def test_a_symlinked_state_file_is_not_followed(tmp_path: Path) -> None:

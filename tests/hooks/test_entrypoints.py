@@ -235,10 +235,16 @@ def test_a_watching_health_check_reports_a_drain_within_its_run(world: dict[str,
 
 def test_healthcheck_skips_while_the_previous_run_holds_the_lock(world: dict[str, Any]) -> None:
     env = {**world["env"], "SLURMD_NODENAME": "n1"}
-    with StateFile(world["tmp"] / "state", "n1").locked():
+    files = StateFile(world["tmp"] / "state", "n1")
+    with files.locked(until=time.time() + 30):  # still watching: skipped without a word
         healthcheck.run(env)
     assert world["fake"].queries == 0
-    assert any("healthcheck node=n1 action=run result=busy" in line for line in log_lines(world))
+    assert not any("action=run" in line for line in log_lines(world))
+    with files.locked(until=time.time() - 5):  # overran: worth a line
+        healthcheck.run(env)
+    assert world["fake"].queries == 0
+    (busy,) = [line for line in log_lines(world) if "action=run" in line]
+    assert "healthcheck node=n1 action=run result=busy late_s=" in busy
 
 
 def test_epilog_slurmctld_tells_the_core_about_a_satellites_nodes(world: dict[str, Any]) -> None:
