@@ -126,7 +126,7 @@ def run(environ: Mapping[str, str]) -> int:
     watching = r.settings.healthcheck_notify and r.settings.watch_s > 0
     with files.locked(until=time.time() + (r.settings.watch_s if watching else 0.0)) as claim:
         if not claim.held:
-            # Slurm may start a run while the previous one still watches (24.11 does on node state changes):
+            # Slurm may start a run while the previous one still watches (seen on 24.11 after a state change):
             # say so only when that one overran (a slow nvidia-smi, a slow coordinator).
             if claim.overran(time.time(), BUSY_GRACE_S):
                 r.log.event("run", "busy", late_s=round(time.time() - claim.holder_until, 1))
