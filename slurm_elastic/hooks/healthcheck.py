@@ -128,8 +128,9 @@ def run(environ: Mapping[str, str]) -> int:
         if not claim.held:
             # Slurm may start a run while the previous one still watches (seen on 24.11 after a state change):
             # say so only when that one overran (a slow nvidia-smi, a slow coordinator).
-            if claim.overran(time.time(), BUSY_GRACE_S):
-                r.log.event("run", "busy", late_s=round(time.time() - claim.holder_until, 1))
+            now = time.time()
+            if claim.overran(now, BUSY_GRACE_S):
+                r.log.event("run", "busy", late_s=round(now - claim.holder_until, 1))
             return base.EX_OK
         state = files.load()
         slurm = HookSlurm(timeout_s=base.SLURM_TIMEOUT_S)
