@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
-from slurm_elastic.commands.common import fail
+from slurm_elastic.commands.common import fail, print_result
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -35,9 +34,5 @@ def run_mttr(args: argparse.Namespace) -> int:
         from slurm_elastic.bench.mttr import MttrPlan, run
 
         result = run(MttrPlan(nodes=args.nodes, kills=args.kills), log)
-    if args.json:
-        print(json.dumps(result))
-    else:
-        for key, value in result.items():
-            print(f"{key}: {value}")
+    print_result(result, args.json)
     return 0

@@ -1,8 +1,9 @@
-"""Shared pieces of the command line: job settings as flags, and error reporting."""
+"""Shared pieces of the command line: job settings as flags, results, and error reporting."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,15 @@ def job_config(args: argparse.Namespace, env: Any, **overrides: Any) -> JobConfi
 
 def command_after_dashes(argv: list[str]) -> list[str]:
     return argv[1:] if argv[:1] == ["--"] else argv
+
+
+def print_result(result: dict[str, Any], as_json: bool) -> None:
+    """A command's result: one JSON object, or one `key: value` line per entry."""
+    if as_json:
+        print(json.dumps(result))
+    else:
+        for key, value in result.items():
+            print(f"{key}: {value}")
 
 
 def fail(message: str, code: int = 2) -> int:

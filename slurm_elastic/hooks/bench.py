@@ -24,6 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from slurm_elastic.commands.common import print_result
 from slurm_elastic.devcluster import ClusterError, LocalCluster
 from slurm_elastic.errors import ElasticError
 from slurm_elastic.hooks.install import MIN_INTERVAL_S, InstallOptions, install, watch_for
@@ -238,9 +239,5 @@ def add_parser(which: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
 
 def run_notify(args: argparse.Namespace) -> int:
     result = run(events=args.events, log=lambda line: print(line, file=sys.stderr, flush=True))
-    if args.json:
-        print(json.dumps(result))
-    else:
-        for key, value in result.items():
-            print(f"{key}: {value}")
+    print_result(result, args.json)
     return 0
