@@ -8,6 +8,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -99,6 +100,15 @@ def test_grow_keep_pending_takes_freed_nodes(cleanup: list[str], tmp_path: Path)
     assert not [s for s in satellites(job) if not CliBackend().job(s).is_finished]  # the pool ends with the job
 
 
+def wait_resumed(job: ElasticSlurmJob, start_timeout: float) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The requeued job's second start, and the first generation it formed after it."""
+    job.wait("the requeued job to resume", lambda: bool(job.events("slurm_job_started")[1:]), timeout=start_timeout)
+    restart = job.events("slurm_job_started")[1]
+    resumed = lambda: [e for e in job.events("generation_ready") if e["time"] > restart["time"]]  # noqa: E731
+    job.wait("the resumed job's first generation", lambda: bool(resumed()), timeout=120)
+    return restart, resumed()[0]
+
+
 def test_whole_job_preemption_checkpoints_requeues_and_resumes(
     slurm_cluster: LocalCluster, cleanup: list[str], tmp_path: Path
 ) -> None:
@@ -112,13 +122,10 @@ def test_whole_job_preemption_checkpoints_requeues_and_resumes(
     job.wait("the job to be requeued", lambda: job.info().is_pending, timeout=60)
     # n4 stays busy for a while: let the job resume on fewer nodes rather than wait for it.
     subprocess.run(["scontrol", "update", f"JobId={job.job_id}", "NumNodes=2-4"], check=True, timeout=30)
-    job.wait("the requeued job to resume", lambda: bool(job.events("slurm_job_started")[1:]), timeout=180)
-    restart = job.events("slurm_job_started")[1]
+    restart, first = wait_resumed(job, start_timeout=180)
     assert restart["restart_count"] >= 1 and 2 <= len(restart["nodes"]) < 4 and "n4" not in restart["nodes"]
-    resumed = lambda: [e for e in job.events("generation_ready") if e["time"] > restart["time"]]  # noqa: E731
-    job.wait("the resumed job's first generation", lambda: bool(resumed()), timeout=120)
-    assert resumed()[0]["resume_step"] == suspended_at  # the SIGTERM checkpoint: nothing lost
-    assert resumed()[0]["world"] == len(restart["nodes"])  # a different node count than before
+    assert first["resume_step"] == suspended_at  # the SIGTERM checkpoint: nothing lost
+    assert first["world"] == len(restart["nodes"])  # a different node count than before
     job.wait_finished()
     job.assert_same_training(reference_model(tmp_path.parent, 100))
 
@@ -133,12 +140,9 @@ def test_batch_host_loss_resumes_from_the_periodic_checkpoint(
     batch_host = job.info().batch_host
     assert batch_host is not None
     slurm_cluster.kill_node(batch_host)
-    job.wait("the requeued job to resume", lambda: bool(job.events("slurm_job_started")[1:]), timeout=240)
-    restart = job.events("slurm_job_started")[1]
+    restart, first = wait_resumed(job, start_timeout=240)
     assert restart["restart_count"] >= 1 and batch_host not in restart["nodes"]
-    resumed = lambda: [e for e in job.events("generation_ready") if e["time"] > restart["time"]]  # noqa: E731
-    job.wait("the resumed job's first generation", lambda: bool(resumed()), timeout=120)
-    assert resumed()[0]["resume_step"] >= 10  # a periodic checkpoint (every 10 steps)
+    assert first["resume_step"] >= 10  # a periodic checkpoint (every 10 steps)
     slurm_cluster.restart_node(batch_host)
     job.wait_finished(timeout=400)
     job.assert_same_training(reference_model(tmp_path.parent, 80))
