@@ -57,6 +57,7 @@ class State:
     rendezvous_since: float = 0.0
     expected_override: int | None = None
     reason: str = ""
+    at_boundary: frozenset[str] = frozenset()  # members of this generation that reported a suspending boundary
 
     @property
     def members(self) -> tuple[str, ...]:
@@ -233,7 +234,9 @@ def _start(state: State, cause: str, reason: str) -> Outcome:
     number = state.generation.number + 1 if state.generation else 1
     ranks = order_ranks((), state.workers.values())
     gen = Generation(number, ranks, None, cause)
-    new = replace(state, phase="running", generation=gen, change_requested=False, expected_override=None)
+    new = replace(
+        state, phase="running", generation=gen, change_requested=False, expected_override=None, at_boundary=frozenset()
+    )
     return Outcome(new, (Announce(gen, (), ranks, ()),), reason)
 
 
@@ -302,7 +305,9 @@ def _abrupt(state: State, lost: set[str], leaving: set[str], cause: str, policy:
     new_gen = Generation(gen.number + 1, ranks, None, cause)
     # Every survivor is on a draining node: they stay for now, and the drain still needs a boundary of g+1.
     pending = any(workers[w].node in draining for w in ranks)
-    new = replace(base, generation=new_gen, workers=workers, draining=draining, change_requested=pending)
+    new = replace(
+        base, generation=new_gen, workers=workers, draining=draining, change_requested=pending, at_boundary=frozenset()
+    )
     left = tuple(sorted(lost | leaving | drained))
     announce = Announce(new_gen, tuple(sorted(leaving | drained)), tuple(j.worker_id for j in joiners), left)
     actions: tuple[Action, ...] = (announce, RequestBoundary(new_gen.number)) if pending else (announce,)
@@ -352,6 +357,13 @@ def _boundary(state: State, event: ReachedBoundary) -> Outcome:
     staying = [w for w in gen.ranks if w not in drained and w not in state.finished]
     joiners = [state.workers[w] for w in state.joiners]
     if not staying:
+        # Stop only once every member holds that step: a Stop interrupts a member still reducing it, and the
+        # suspension checkpoint must be written by a member that committed it.
+        reported = state.at_boundary | {event.worker_id}
+        behind = [w for w in gen.ranks if w in state.workers and w not in state.finished and w not in reported]
+        if behind:
+            reason = f"suspending after step {event.step}: waiting for {', '.join(behind)} to reach it"
+            return Outcome(replace(state, at_boundary=reported), (), reason)
         reason = f"every member is leaving ({sorted(state.draining)}); suspending after step {event.step}"
         new = replace(state, phase="suspended", reason=reason)
         return Outcome(new, (Suspend(reason, event.step),), reason)
@@ -366,6 +378,7 @@ def _boundary(state: State, event: ReachedBoundary) -> Outcome:
         workers=workers,
         change_requested=False,
         draining=_hosting(state.draining - drained_nodes, workers),
+        at_boundary=frozenset(),
     )
     left = tuple(sorted(drained))
     announce = Announce(new_gen, left, tuple(j.worker_id for j in joiners), left)

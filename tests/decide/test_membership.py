@@ -332,9 +332,26 @@ def test_drain_of_every_member_suspends_at_the_boundary() -> None:
     out = m.decide(running(2), m.Drain(("n1", "n2"), "boundary", "maintenance"), 0.0, pol)
     assert out.actions == (m.RequestBoundary(1),)
     out = m.decide(out.state, m.ReachedBoundary("w2", 1, 30), 0.0, pol)
+    # w1 may still be reducing step 30: a Stop now would interrupt it before it commits the step
+    assert out.actions == () and out.state.phase == "running" and "waiting for w1" in out.reason
+    out = m.decide(out.state, m.ReachedBoundary("w2", 1, 30), 0.0, pol)
+    assert out.actions == (), "a repeated report is not a second member"
+    out = m.decide(out.state, m.ReachedBoundary("w1", 1, 30), 0.0, pol)
     suspend = only(out.actions, m.Suspend)
     assert isinstance(suspend, m.Suspend) and suspend.step == 30 and "every member is leaving" in suspend.reason
     assert out.state.phase == "suspended"
+
+
+def test_a_member_lost_while_a_suspension_waits_forms_a_generation_that_must_reach_its_own_boundary() -> None:
+    pol = policy(3)
+    state = m.decide(running(3), m.Drain(("n1", "n2", "n3"), "boundary", "preempted"), 0.0, pol).state
+    state = m.decide(state, m.ReachedBoundary("w1", 1, 9), 0.0, pol).state
+    out = m.decide(state, m.Lost(("w3",), "crash"), 0.0, pol)
+    assert out.actions[1:] == (m.RequestBoundary(2),) and out.state.at_boundary == frozenset()
+    out = m.decide(out.state, m.ReachedBoundary("w1", 2, 10), 0.0, pol)
+    assert out.actions == (), "w1's report of generation 1 does not count for generation 2"
+    out = m.decide(out.state, m.ReachedBoundary("w2", 2, 10), 0.0, pol)
+    assert isinstance(only(out.actions, m.Suspend), m.Suspend)
 
 
 def test_joiners_on_a_draining_node_are_dismissed() -> None:
@@ -361,7 +378,7 @@ def test_drain_survives_an_abrupt_change_that_leaves_only_draining_members() -> 
     assert out.actions[0] == m.Announce(m.Generation(2, ("w1", "w2"), None, "crash"), (), (), ("w3",))
     # the drain is still pending, so generation 2 must be asked for a boundary again
     assert out.actions[1:] == (m.RequestBoundary(2),) and out.state.change_requested
-    out = m.decide(out.state, m.ReachedBoundary("w1", 2, 8), 0.0, pol)
+    out = feed(out.state, pol, m.ReachedBoundary("w1", 2, 8), m.ReachedBoundary("w2", 2, 8))
     assert isinstance(only(out.actions, m.Suspend), m.Suspend)
 
 
