@@ -42,6 +42,10 @@ class JobConfig(BaseModel):
     node_watch_interval_s: float = Field(default=5.0, gt=0)
     requeue: bool = True
     record_commits: bool = False  # one `commit` record per step in events.jsonl (benchmarks, tests)
+    # How workers sum gradients (None: the library's default, or what the training script passes).
+    reduce_dtype: Literal["float32", "bfloat16", "float64"] | None = None
+    bucket_mb: float | None = Field(default=None, gt=0)
+    prefetch: int | None = Field(default=None, ge=0)  # micro-batches read ahead per worker
 
     @property
     def expected_workers(self) -> int:
@@ -50,6 +54,18 @@ class JobConfig(BaseModel):
     @property
     def min_workers(self) -> int:
         return (self.min_nodes or self.nodes) * self.nproc_per_node
+
+
+def training_env(cfg: JobConfig) -> dict[str, str]:
+    """The job's settings that its training processes read from their environment."""
+    env: dict[str, str] = {"SLURM_ELASTIC_LOG_FORMAT": cfg.log_format}
+    if cfg.ledger_dir:
+        env["SLURM_ELASTIC_LEDGER_DIR"] = str(cfg.ledger_dir)
+    for name in ("reduce_dtype", "bucket_mb", "prefetch"):
+        value = getattr(cfg, name)
+        if value is not None:
+            env[ENV_PREFIX + name.upper()] = str(value)
+    return env
 
 
 def _flag(name: str) -> str:

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from slurm_elastic.errors import ConfigError
 
-FaultPhase = Literal["forward", "backward", "allreduce", "optimizer", "commit", "recovery"]
+FaultPhase = Literal["forward", "backward", "bucket", "allreduce", "optimizer", "commit", "recovery"]
 FaultAction = Literal["kill", "kill_node", "stop", "raise"]
 ENV_VAR = "SLURM_ELASTIC_FAULTS"
 

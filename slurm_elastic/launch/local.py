@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from slurm_elastic.config import JobConfig
+from slurm_elastic.config import JobConfig, training_env
 from slurm_elastic.coordinator import CoordinatorThread
 from slurm_elastic.coordinator.config import coordinator_config
 from slurm_elastic.coordinator.server import PublicView
@@ -92,12 +92,11 @@ class LocalJob:
             name = f"local{self._next_node}"
         cfg = self.config
         worker_env = {
+            **training_env(cfg),
             **self.faults.to_env(),
             **self.extra_env,
             "OMP_NUM_THREADS": self.extra_env.get("OMP_NUM_THREADS", "1"),
         }
-        if cfg.ledger_dir:
-            worker_env["SLURM_ELASTIC_LEDGER_DIR"] = str(cfg.ledger_dir)
         if cfg.checkpoint_dir:
             worker_env["SLURM_ELASTIC_CHECKPOINT_DIR"] = str(cfg.checkpoint_dir)
             worker_env["SLURM_ELASTIC_CHECKPOINT_EVERY"] = str(cfg.checkpoint_every)
@@ -105,7 +104,6 @@ class LocalJob:
             **os.environ,
             **worker_env,
             "SLURM_ELASTIC_SECRET": self.secret,
-            "SLURM_ELASTIC_LOG_FORMAT": cfg.log_format,
         }
         argv = [
             sys.executable, "-m", "slurm_elastic.agent",

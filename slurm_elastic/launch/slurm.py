@@ -26,7 +26,7 @@ from pathlib import Path
 import structlog
 
 from slurm_elastic.commands.common import fail, job_config
-from slurm_elastic.config import JobConfig
+from slurm_elastic.config import JobConfig, training_env
 from slurm_elastic.coordinator import CoordinatorThread
 from slurm_elastic.coordinator.config import coordinator_config
 from slurm_elastic.decide.slurm_watch import drains_for, nodes_to_relaunch, satellites_to_submit
@@ -45,14 +45,11 @@ def satellite_name(core_job: str) -> str:
 
 
 def worker_env(config: JobConfig, directory: Path) -> dict[str, str]:
-    env = {
+    return {
+        **training_env(config),
         "SLURM_ELASTIC_CHECKPOINT_DIR": str(config.checkpoint_dir or directory / "checkpoints"),
         "SLURM_ELASTIC_CHECKPOINT_EVERY": str(config.checkpoint_every),
-        "SLURM_ELASTIC_LOG_FORMAT": config.log_format,
     }
-    if config.ledger_dir:
-        env["SLURM_ELASTIC_LEDGER_DIR"] = str(config.ledger_dir)
-    return env
 
 
 def _advertised_host(config: JobConfig) -> str:

@@ -28,6 +28,9 @@ class WorkerEnv:
     checkpoint_every: int
     checkpoint_background: bool
     faults: FaultPlan
+    reduce_dtype: str | None = None  # the job's setting; an explicit ElasticJob argument wins
+    bucket_mb: float | None = None
+    prefetch: int | None = None
 
     @property
     def standalone(self) -> bool:
@@ -44,6 +47,19 @@ def _int(env: Mapping[str, str], name: str, default: int) -> int:
         raise ConfigError(f"invalid {PREFIX}{name}: {raw!r} (expected an integer >= 0)") from None
     if value < 0:
         raise ConfigError(f"invalid {PREFIX}{name}: {raw!r} (expected an integer >= 0)")
+    return value
+
+
+def _float(env: Mapping[str, str], name: str) -> float | None:
+    raw = env.get(PREFIX + name)
+    if not raw:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise ConfigError(f"invalid {PREFIX}{name}: {raw!r} (expected a number > 0)")
     return value
 
 
@@ -74,4 +90,7 @@ def worker_env(env: Mapping[str, str] | None = None) -> WorkerEnv:
         checkpoint_every=_int(env, "CHECKPOINT_EVERY", 0),
         checkpoint_background=env.get(PREFIX + "CHECKPOINT_SYNC", "") not in ("1", "true", "yes"),
         faults=FaultPlan.from_env(dict(env)),
+        reduce_dtype=env.get(PREFIX + "REDUCE_DTYPE") or None,
+        bucket_mb=_float(env, "BUCKET_MB"),
+        prefetch=_int(env, "PREFETCH", -1) if env.get(PREFIX + "PREFETCH") else None,
     )

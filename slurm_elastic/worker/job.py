@@ -5,57 +5,63 @@
         for x, y in step.micro_batches():
             step.backward(loss_fn(model(x), y))
 
-A step is the unit of atomicity: gradients accumulate (in float64) in a buffer, one reduction sums them
-over the ranks together with the step's loss and a "membership change wanted" flag, then the optimizer
-step, the scheduler step and the data cursor commit together. A failure before a rank's reduction
-completes rolls that rank back to the start of the step, in memory; survivors re-form the group and
-re-run the same global samples. A rank whose reduction completed is a step ahead and heals the others.
+A step is the unit of atomicity. This rank's micro-batches accumulate; during the last one's backward the
+gradients are summed over the ranks in buckets as they become ready (`reduction.py`), together with the
+step's loss and a "membership change wanted" flag; then the optimizer step, the scheduler step and the data
+cursor commit together. A failure before a rank's sums complete rolls that rank back to the start of the
+step, in memory; survivors re-form the group and re-run the same global samples. A rank whose sums
+completed is a step ahead and heals the others. What to do next is decided by `decide.worker.next_move`.
+
+A worker's process ends one way only: `_end`, which raises `JobEnded` (a SystemExit carrying the exit code)
+when the worker left the job, the job stopped or failed, or the coordinator was lost.
 """
 
 from __future__ import annotations
 
-import datetime
-import os
+import itertools
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import structlog
 import torch
-from pydantic import BaseModel
 from torch.utils.data import default_collate
 
 from slurm_elastic.data.order import SampleOrder
-from slurm_elastic.decide.batching import BatchPolicy, LrRule, PreserveGlobalBatch, ScaleLearningRate, plan_step
+from slurm_elastic.decide import worker as decide
+from slurm_elastic.decide.batching import (
+    BatchPolicy,
+    LrRule,
+    MicroBatch,
+    PreserveGlobalBatch,
+    ScaleLearningRate,
+    plan_step,
+)
 from slurm_elastic.errors import ConfigError, ElasticError, JobFailed
 from slurm_elastic.faults import FaultInjector
 from slurm_elastic.ledger import LedgerWriter
-from slurm_elastic.wire.messages import (
-    Assign,
-    AtBoundary,
-    CollectiveFault,
-    Committed,
-    Finished,
-    Leave,
-    Phase,
-    Stop,
-    WorkerEvent,
-)
+from slurm_elastic.wire.messages import AtBoundary, Committed, Finished, Phase
 from slurm_elastic.worker.checkpoint import CheckpointWriter, load_latest
-from slurm_elastic.worker.comm import CollectiveFailed, Group, Interrupt, Interrupted, pick_backend
-from slurm_elastic.worker.control import Announcement, ControlClient, CoordinatorLost, Identity, JobOver
+from slurm_elastic.worker.comm import CollectiveFailed, Interrupt, Interrupted
 from slurm_elastic.worker.env import WorkerEnv, worker_env
+from slurm_elastic.worker.ports import Ports
+from slurm_elastic.worker.prefetch import Prefetcher
 from slurm_elastic.worker.process import ProcessHooks
-from slurm_elastic.worker.state import Snapshot, capture, fingerprint, restore
+from slurm_elastic.worker.reduction import DEFAULT_BUCKET_MB, GradientReducer, reduce_dtype_of
+from slurm_elastic.worker.replica import Replica
+from slurm_elastic.worker.runtime import Runtime, WorkerEnded
 from slurm_elastic.worker.step import Step
-from slurm_elastic.worker.sync import synchronize
 
 log = structlog.get_logger("slurm_elastic.worker")
+DEFAULT_PREFETCH = 4
 
-# How long a worker whose collective failed waits for the coordinator's new generation before asking
-# for one itself (the usual path, a lost peer, brings the generation in milliseconds).
-FAULT_GRACE_S = 1.0
-EXIT_COORDINATOR_LOST = 3
+
+class JobEnded(SystemExit):
+    """This worker's process ends: it left the job, the job stopped or failed, or the coordinator was lost."""
+
+    def __init__(self, ending: decide.Ending) -> None:
+        super().__init__(ending.code)
+        self.ending = ending
 
 
 class ElasticJob:
@@ -74,64 +80,110 @@ class ElasticJob:
         seed: int = 0,
         collate_fn: Callable[[list[Any]], Any] | None = None,
         clip_grad_norm: float | None = None,
+        reduce_dtype: str | None = None,
+        bucket_mb: float | None = None,
+        prefetch: int | None = None,
         env: WorkerEnv | None = None,
+        ports: Ports | None = None,
     ) -> None:
         if (global_batch is None) == (per_replica_batch is None):
             raise ConfigError("give exactly one of global_batch (preserve the global batch) or per_replica_batch")
-        self.model = model
-        self.optimizer = optimizer
-        self.scheduler = scheduler
-        self.seed = seed
         self.env = env or worker_env()
+        self.seed = seed
+        self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
+        self._replica = Replica(model, optimizer, scheduler)
+        self._replica.reference_world = reference_world
         self._dataset = dataset
         self._order = SampleOrder(len(dataset), seed)
         self._collate = collate_fn or default_collate
         self._clip = clip_grad_norm
         self._global_batch, self._per_replica, self._micro = global_batch, per_replica_batch, micro_batch
         self._lr_rule: LrRule = lr_rule
-        self._reference_world = reference_world
-        self._policy()  # validate the batch arguments now, with a clear error
-        self._params = [p for p in model.parameters() if p.requires_grad]
-        self._numel = sum(p.numel() for p in self._params)
-        self._device = self._params[0].device if self._params else torch.device("cpu")
-        self.rank, self.world_size, self.generation = 0, 1, 0
-        self.step = 0  # committed optimizer steps
-        self.cursor = 0  # committed position in the global sample stream
-        self._fresh = True  # holds no committed state yet
+        self._plan = plan_step(self._policy(), 1)  # validates the batch arguments now, with a clear error
+        params = [p for p in model.parameters() if p.requires_grad]
+        device = params[0].device if params else torch.device("cpu")
+        dtype = reduce_dtype_of(reduce_dtype or self.env.reduce_dtype or "float32")
+        self._reducer = GradientReducer(params, dtype, bucket_mb=bucket_mb or self.env.bucket_mb or DEFAULT_BUCKET_MB)
+        depth = prefetch if prefetch is not None else self.env.prefetch
+        self._prefetch = Prefetcher(
+            self._load_batch,
+            DEFAULT_PREFETCH if depth is None else depth,
+            pin_memory=device.type == "cuda",
+        )
+        self._params = params
         self._interrupt = Interrupt()
-        self._group: Group | None = None
-        self._control: ControlClient | None = None
-        self._store: Any = None
-        self._store_address: tuple[str, int] = ("", 0)
-        self._store_prefix = ""
-        self._plan = plan_step(self._policy(), 1)
-        self._acc = self._new_accumulator()
+        ports = ports or Ports()
+        self._ports = ports
+        self._faults = ports.faults or FaultInjector(
+            self.env.faults, self.env.node, self.env.local_rank, self.env.incarnation
+        )
+        self._runtime = Runtime(self.env, ports, self._faults, self._interrupt)
         self._boundary_due = False
         self._attempt: Step | None = None
-        self._process = ProcessHooks(self.env.node, self.env.worker_id, self._send)
+        self._process = ProcessHooks(self.env.node, self.env.worker_id, self._runtime.send)
         self._started = False
-        self._faults = FaultInjector(self.env.faults, self.env.node, self.env.local_rank, self.env.incarnation)
         self._ledger: LedgerWriter | None = None  # opened once the job's run number is known
         ckpt = self.env.checkpoint_dir
         self._checkpoints = CheckpointWriter(ckpt, background=self.env.checkpoint_background) if ckpt else None
+        self._runtime.checkpoints = self._checkpoints is not None
         if self._faults.armed:
             self._install_fault_hooks()
 
     # --- public ---------------------------------------------------------------------------------------
 
+    @property
+    def rank(self) -> int:
+        return self._runtime.rank
+
+    @property
+    def world_size(self) -> int:
+        return self._runtime.world
+
+    @property
+    def generation(self) -> int:
+        return self._runtime.generation
+
+    @property
+    def step(self) -> int:
+        """Committed optimizer steps."""
+        return self._replica.step
+
+    @property
+    def cursor(self) -> int:
+        """Committed position in the global sample stream."""
+        return self._replica.cursor
+
+    @property
+    def reduce_dtype(self) -> str:
+        return self._reducer.reduce_dtype
+
     def steps(self, total_steps: int) -> Iterator[Step]:
         """Yield step attempts until `total_steps` optimizer steps are committed."""
-        if not isinstance(total_steps, int) or total_steps < 1:
+        if not isinstance(total_steps, int) or isinstance(total_steps, bool) or total_steps < 1:
             raise ConfigError(f"invalid total_steps {total_steps!r}: expected an integer >= 1")
-        self._start()
-        while self.step < total_steps:
-            if self._boundary_due:
-                self._cross_boundary()
-                continue
-            attempt = Step(self, self.step + 1, self._plan.for_rank(self.rank), self._plan.lr_factor)
-            yield attempt
-            self._finish_attempt(attempt)
-        self._finish()
+        try:
+            self._start()
+            outcome: decide.AttemptOutcome = "none"
+            detail = ""
+            while True:
+                situation = decide.Situation(
+                    self.step, total_steps, outcome, self._runtime.superseded(), self._boundary_due, detail
+                )
+                outcome, detail = "none", ""
+                match decide.next_move(situation):
+                    case decide.RunStep():
+                        attempt = self._new_attempt()
+                        yield attempt
+                        outcome, detail = self._conclude(attempt)
+                    case decide.Recover(reason=reason, patient=patient):
+                        self._recover(reason, patient=patient)
+                    case decide.CrossBoundary():
+                        self._cross_boundary()
+                    case decide.Finish():
+                        self._finish()
+                        return
+        except WorkerEnded as ended:
+            self._end(ended.ending)
 
     def micro_batches(self, total_steps: int) -> Iterator[Any]:
         """The flat form of `steps()`: this rank's micro-batches, step after step; call `backward(loss)` on each."""
@@ -148,90 +200,85 @@ class ElasticJob:
         return self._interrupt.is_set()
 
     def close(self) -> None:
+        self._prefetch.close()
         if self._checkpoints:
             self._checkpoints.wait()
         if self._ledger:
             self._ledger.close()
             self._ledger = None
-        if self._control:
-            self._control.close()
-            self._control = None
+        self._runtime.close()
 
-    # --- used by Step ---------------------------------------------------------------------------------
+    # --- what a Step asks (StepHost) ------------------------------------------------------------------
 
-    def load_batch(self, start: int, size: int) -> Any:
-        return self._collate([self._dataset[int(i)] for i in self._order.indices(start, size)])
-
-    def _send(self, message: BaseModel) -> None:
-        if self._control is not None:
-            self._control.send(message)
+    def batch(self, start: int, size: int) -> Any:
+        return self._prefetch.get(start, size)
 
     def set_phase(self, phase: Phase) -> None:
-        if self._control:
-            self._control.progress = (self.generation, self.step, phase)
+        self._runtime.set_phase(self.step, phase)
 
-    def accumulate(self, weight: float, loss: torch.Tensor) -> None:
-        acc, offset = self._acc, 0
-        for p in self._params:
-            n = p.numel()
-            if p.grad is not None:
-                acc[offset : offset + n].add_(p.grad.reshape(-1), alpha=weight)
-                p.grad = None
-            offset += n
-        acc[self._numel : self._numel + 1].add_(loss.detach().reshape(1).to(acc.dtype), alpha=weight)
+    def backward_micro_batch(self, step: Step, mb: MicroBatch, loss: torch.Tensor, closing: bool) -> None:
+        if closing:
+            self._contribute(step)
+        self._reducer.add_control(loss, mb.weight, self._runtime.change_requested() if closing else None)
+        self._reducer.backward(loss, mb.weight, closing=closing)
 
-    # --- the step's reduction and commit -------------------------------------------------------------
+    def close_without_micro_batches(self, step: Step) -> None:
+        self._contribute(step)
+        self._reducer.add_control(torch.zeros(()), 0.0, self._runtime.change_requested())
+        self._reducer.launch_rest()
+
+    def _contribute(self, step: Step) -> None:
+        # On record before any sum starts: a peer may commit the step with this rank's samples in it.
+        if self._ledger:
+            self._ledger.contribute(self.generation, step.number, step.ranges)
+
+    def _load_batch(self, start: int, size: int) -> Any:
+        return self._collate([self._dataset[int(i)] for i in self._order.indices(start, size)])
+
+    # --- one step -------------------------------------------------------------------------------------
 
     def _policy(self) -> BatchPolicy:
         if self._global_batch is not None:
             return PreserveGlobalBatch(self._global_batch, self._micro)
         assert self._per_replica is not None
-        return ScaleLearningRate(self._per_replica, self._micro, self._reference_world or 1, self._lr_rule)
+        return ScaleLearningRate(self._per_replica, self._micro, self._replica.reference_world or 1, self._lr_rule)
 
-    def _new_accumulator(self) -> torch.Tensor:
-        # [gradients..., loss, change flag], float64 so the sum does not depend on how ranks split the work.
-        return torch.zeros(self._numel + 2, dtype=torch.float64, device=self._device)
+    def _new_attempt(self) -> Step:
+        number = self.step + 1
+        group = self._runtime.group if self.world_size > 1 else None
+        self._reducer.begin(group, on_launch=lambda _bucket: self._faults.hit("bucket", number))
+        micro = self._plan.for_rank(self.rank)
+        return Step(self, number, self.cursor, micro, self.rank, self.world_size)
 
-    def _finish_attempt(self, attempt: Step) -> None:
-        if not attempt.aborted:
-            try:
-                self._reduce_and_commit(attempt)
-            except (Interrupted, CollectiveFailed) as exc:
-                self._recover(str(exc))
-                return
-            if not self._interrupt.is_set():
-                return
-        self._recover("generation superseded")
+    def _conclude(self, attempt: Step) -> tuple[decide.AttemptOutcome, str]:
+        if attempt.aborted:
+            return "aborted", "generation superseded during the step"
+        if not attempt.complete:
+            raise ElasticError(
+                f"the loop left step {attempt.number} before its last micro-batch: iterate every micro-batch "
+                "of every step (use job.steps() or job.micro_batches() without break)"
+            )
+        try:
+            self._commit(attempt)
+        except (Interrupted, CollectiveFailed) as exc:
+            return "failed", str(exc)
+        return "committed", ""
 
-    def _reduce_and_commit(self, attempt: Step) -> None:
-        acc, n = self._acc, self._numel
-        acc[n + 1] = 1.0 if self._control and self._control.change_requested() else 0.0
-        if self._ledger:
-            self._ledger.contribute(self.generation, attempt.number, attempt.ranges)
+    def _commit(self, attempt: Step) -> None:
         self.set_phase("allreduce")
-        wait = self._group.launch_allreduce(acc) if self._group else (lambda: None)
         self._faults.hit("allreduce", attempt.number)
-        wait()
+        loss, change_wanted = self._reducer.wait()
         self.set_phase("optimizer")
-        change_wanted, loss = acc[n + 1].item() > 0, acc[n].item()
-        offset = 0
-        for p in self._params:
-            p.grad = acc[offset : offset + p.numel()].view(p.shape).to(p.dtype)
-            offset += p.numel()
         if self._clip is not None:
             torch.nn.utils.clip_grad_norm_(self._params, self._clip)
-        self._optimizer_step(attempt.lr_factor)
-        for p in self._params:
-            p.grad = None  # the next step's first backward must not add to this step's gradient
-        if self.scheduler is not None:
-            self.scheduler.step()
+        self._replica.optimizer_step(self._plan.lr_factor)
+        self._reducer.after_optimizer()
         self._faults.hit("commit", attempt.number)
-        self.step, self.cursor, self._fresh = attempt.number, self.cursor + self._plan.step_samples, False
-        acc.zero_()
+        self._replica.commit(attempt.number, self._plan.step_samples)
         if self._ledger:
             self._ledger.commit(self.generation, self.step, self.cursor)
-        if self.rank == 0 and self._control:
-            self._control.send(
+        if self.rank == 0:
+            self._runtime.send(
                 Committed(
                     generation=self.generation,
                     step=self.step,
@@ -244,19 +291,6 @@ class ElasticJob:
         self._maybe_checkpoint()
         self._boundary_due = change_wanted
 
-    def _optimizer_step(self, lr_factor: float) -> None:
-        if lr_factor == 1.0:
-            self.optimizer.step()
-            return
-        saved = [group["lr"] for group in self.optimizer.param_groups]
-        for group in self.optimizer.param_groups:
-            group["lr"] = group["lr"] * lr_factor
-        try:
-            self.optimizer.step()
-        finally:
-            for group, lr in zip(self.optimizer.param_groups, saved, strict=True):
-                group["lr"] = lr
-
     # --- generations ----------------------------------------------------------------------------------
 
     def _start(self) -> None:
@@ -267,195 +301,84 @@ class ElasticJob:
         if env.standalone:
             self._open_ledger(env.run)
             self._load_checkpoint()
-            self._fresh = False
-            self._enter_solo()
+            self._replica.fresh = False
+            self._runtime.solo()
+            self._entered()
             return
-        self._control = ControlClient(
-            env.coordinator or "",
-            env.secret,
-            Identity(env.job_id, env.worker_id, env.node, env.local_rank),
-            self._interrupt,
-        )
-        try:
-            settings = self._control.register(-1, os.getpid())
-        except JobOver as exc:
-            log.info("job_already_over", worker=env.worker_id, reason=str(exc))
-            self.close()
-            raise SystemExit(0) from None
+        settings = self._runtime.register(-1)
         self._open_ledger(settings.run)
         if settings.load_checkpoint:  # the job (re)starts: its state may be on disk; a joiner's never is
             self._load_checkpoint()
-        self._process.install()
-        self._backend = pick_backend(settings.backend)
-        self._pg_timeout = settings.pg_timeout_s
-        self._store_address = (settings.store_host, settings.store_port)
-        self._store_prefix = settings.store_prefix
-        self._recover("start", first=True)
+        if self._ports.process_hooks:
+            self._process.install()
+        self._recover("start", patient=True)
 
     def _open_ledger(self, run: int) -> None:
         # The run is the whole job's (requeues of the core job), never a satellite's own restart count.
         if self.env.ledger_dir is not None:
             self._ledger = LedgerWriter(self.env.ledger_dir, self.env.worker_id, run)
 
-    def _enter_solo(self) -> None:
-        if self._reference_world is None:
-            self._reference_world = 1
-        self._group = Group(None, 0, 1, 1, self._interrupt)
-        self.generation, self.rank, self.world_size = 1, 0, 1
-        self._plan = plan_step(self._policy(), 1)
-
-    def _recover(self, reason: str, first: bool = False) -> None:
-        """Leave the current generation and keep joining announced ones until one is formed and in sync."""
-        if self._group:
-            self._group.abandon()
-            self._group = None
-        self._acc = self._new_accumulator()  # an abandoned reduction may still write into the old one
-        for p in self._params:
-            p.grad = None
-        while True:
-            announcement = self._next_announcement(first)
-            first = False
-            try:
-                self._enter(announcement)
-                return
-            except (Interrupted, CollectiveFailed) as exc:
-                log.info("generation_attempt_failed", generation=self.generation, reason=str(exc))
-                if self._group:
-                    self._group.abandon()
-                    self._group = None
-
-    def _next_announcement(self, patient: bool) -> Announcement:
-        assert self._control is not None
-        try:
-            ann = self._control.next_announcement(self.generation, None if patient else FAULT_GRACE_S)
-            if ann is None:
-                self._control.send(
-                    CollectiveFault(
-                        generation=max(self.generation, 1), step=self.step, detail="no new generation after a fault"
-                    )
-                )
-                ann = self._control.next_announcement(self.generation)
-        except CoordinatorLost as exc:
-            log.error("coordinator_lost", worker=self.env.worker_id, detail=str(exc))
-            self._process.exit_code = EXIT_COORDINATOR_LOST
-            self.close()
-            raise SystemExit(EXIT_COORDINATOR_LOST) from None
-        if isinstance(ann, Leave):
-            self._leave(ann.reason)
-        if isinstance(ann, Stop):
-            self._stop(ann)
-        assert ann is not None
-        return ann
-
-    def _enter(self, ann: Announcement) -> None:
-        assert isinstance(ann, Assign) and self._control is not None
-        started = time.monotonic()
-        self._control.enter_generation(ann.generation)
-        self.generation, self.rank, self.world_size = ann.generation, ann.rank, len(ann.ranks)
-        self.set_phase("recovery")
-        # A fresh store connection per generation: the client serialises requests, so a blocked call left
-        # behind by an abandoned generation (a peer that died mid-rendezvous) must not stall this one.
-        self._store = torch.distributed.TCPStore(
-            *self._store_address,
-            is_master=False,
-            timeout=datetime.timedelta(seconds=self._pg_timeout),
-            wait_for_workers=False,
+    def _recover(self, reason: str, *, patient: bool) -> None:
+        log.debug("recovering", worker=self.env.worker_id, reason=reason, step=self.step)
+        self._reducer.abandon()  # an abandoned sum may still write into the old buffers
+        entered = self._runtime.recover(self._replica, patient=patient)
+        self._entered()
+        self._runtime.report_generation(
+            entered,
+            {
+                "batch_policy": self._plan.reason,
+                "lr_factor": self._plan.lr_factor,
+                "reduce_dtype": self._reducer.reduce_dtype,
+                "buckets": self._reducer.bucket_count,
+            },
         )
-        self._group = Group.form(
-            self._store,
-            self._store_prefix,
-            ann.rank,
-            len(ann.ranks),
-            ann.generation,
-            backend=self._backend,
-            timeout_s=self._pg_timeout,
-            interrupt=self._interrupt,
-        )
-        formed = time.monotonic()
-        self._faults.hit("recovery", self.step + 1)
-        was_step = -1 if self._fresh else self.step
-        result = synchronize(
-            self._group,
-            self._store,
-            self._store_prefix,
-            was_step,
-            fingerprint(self.model),
-            lambda: capture(self.model, self.optimizer, self.scheduler, self._progress()),
-        )
-        if result.received is not None:
-            self._apply_progress(restore(self.model, self.optimizer, self.scheduler, result.received))
-        self._fresh = False
-        if self._reference_world is None:
-            self._reference_world = self.world_size
+
+    def _entered(self) -> None:
+        """A generation is formed: plan its steps and the batches this rank will read."""
+        if self._replica.reference_world is None:
+            self._replica.reference_world = self.world_size
         self._plan = plan_step(self._policy(), self.world_size)
         self._boundary_due = False
-        if self.rank == 0:
-            self._control.send(
-                WorkerEvent(
-                    kind="generation_ready",
-                    fields={
-                        "generation": self.generation,
-                        "cause": ann.cause,
-                        "world": self.world_size,
-                        "form_s": round(formed - started, 4),
-                        "sync_s": round(result.seconds, 4),
-                        "total_s": round(time.monotonic() - started, 4),
-                        "resume_step": result.plan.target_step,
-                        "receivers": list(result.plan.receivers),
-                        "sources": list(result.plan.sources),
-                        "bytes": result.bytes_moved,
-                        "transfer": result.plan.reason,
-                        "batch_policy": self._plan.reason,
-                        "lr_factor": self._plan.lr_factor,
-                    },
-                )
-            )
+        self._prefetch.plan(self._schedule())
 
-    def _progress(self) -> dict[str, Any]:
-        return {"step": self.step, "cursor": self.cursor, "reference_world": self._reference_world}
-
-    def _apply_progress(self, progress: dict[str, Any]) -> None:
-        self.step, self.cursor = int(progress["step"]), int(progress["cursor"])
-        if progress.get("reference_world") is not None:
-            self._reference_world = int(progress["reference_world"])
+    def _schedule(self) -> Iterator[tuple[int, int]]:
+        plan, cursor = self._plan, self.cursor
+        mine = plan.for_rank(self.rank)
+        for k in itertools.count():
+            base = cursor + k * plan.step_samples
+            for mb in mine:
+                yield base + mb.offset, mb.size
 
     def _cross_boundary(self) -> None:
-        assert self._control is not None
         self.set_phase("boundary")
-        self._control.send(AtBoundary(generation=self.generation, step=self.step))
-        self._recover(f"membership change after step {self.step}", first=True)
+        self._runtime.send(AtBoundary(generation=self.generation, step=self.step))
+        self._recover(f"membership change after step {self.step}", patient=True)
 
     def _finish(self) -> None:
         """Leave only once every member holds the final step (a failed barrier heals the laggards first)."""
-        while self._control is not None:
+        while not self._runtime.standalone:
             try:
                 done = torch.tensor([float(self.step)], dtype=torch.float64)
-                if self._group:
-                    self._group.allreduce_(done)
+                if self._runtime.group:
+                    self._runtime.group.allreduce_(done)
                 break
             except (Interrupted, CollectiveFailed) as exc:
-                self._recover(str(exc))
-        if self._control:
-            self.set_phase("done")
-            self._control.send(Finished(generation=self.generation, step=self.step))
+                self._recover(str(exc), patient=False)
+        self.set_phase("done")
+        self._runtime.send(Finished(generation=self.generation, step=self.step))
         if self._checkpoints:
             self._save_checkpoint()
         self.close()
 
-    def _leave(self, reason: str) -> None:
-        log.info("worker_leaving", worker=self.env.worker_id, reason=reason, step=self.step)
-        self.close()
-        raise SystemExit(0)
-
-    def _stop(self, stop: Stop) -> None:
-        if stop.error is None and self.rank == 0 and self._checkpoints and not self._fresh:
+    def _end(self, ending: decide.Ending) -> NoReturn:
+        """The one way a worker's process ends (see the module's docstring)."""
+        if ending.save_checkpoint:
             self._save_checkpoint()  # a suspended job resumes from here
+        log_at = log.error if ending.code else log.info
+        log_at("worker_ending", worker=self.env.worker_id, kind=ending.kind, reason=ending.reason, step=self.step)
         self.close()
-        if stop.error:
-            log.error("job_stopped", worker=self.env.worker_id, reason=stop.reason)
-            self._process.exit_code = 1
-            raise SystemExit(1)
-        raise SystemExit(0)
+        self._process.exit_code = ending.code
+        raise JobEnded(ending)
 
     # --- disaster-recovery checkpoints ---------------------------------------------------------------
 
@@ -465,24 +388,21 @@ class ElasticJob:
         found = load_latest(self.env.checkpoint_dir)
         if found is None:
             return False
-        _, snap = found
-        self._apply_progress(restore(self.model, self.optimizer, self.scheduler, snap))
-        self._fresh = False
+        self._replica.restore(found[1])
         log.info("resumed_from_checkpoint", step=self.step, directory=str(self.env.checkpoint_dir))
         return True
 
     def _save_checkpoint(self) -> None:
         assert self._checkpoints is not None
-        snap: Snapshot = capture(self.model, self.optimizer, self.scheduler, self._progress())
-        self._checkpoints.save(self.step, snap)
+        self._checkpoints.save(self.step, self._replica.capture())
         self._checkpoints.wait()
 
     def _maybe_checkpoint(self) -> None:
         every = self.env.checkpoint_every
         if self._checkpoints and every and self.rank == 0 and self.step % every == 0:
-            self._checkpoints.save(self.step, capture(self.model, self.optimizer, self.scheduler, self._progress()))
+            self._checkpoints.save(self.step, self._replica.capture())
 
-    # --- faults and failures --------------------------------------------------------------------------
+    # --- faults ---------------------------------------------------------------------------------------
 
     def _install_fault_hooks(self) -> None:
         faults = self._faults
@@ -492,4 +412,4 @@ class ElasticJob:
         self.optimizer.register_step_pre_hook(lambda *_: faults.hit("optimizer", self.step + 1))
 
 
-__all__ = ["ElasticJob", "JobFailed"]
+__all__ = ["ElasticJob", "JobEnded", "JobFailed"]

@@ -3,15 +3,29 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
 from slurm_elastic.decide.batching import MicroBatch, micro_batch_seed
 from slurm_elastic.errors import ElasticError
+from slurm_elastic.wire.messages import Phase
 
-if TYPE_CHECKING:
-    from slurm_elastic.worker.job import ElasticJob
+
+class StepHost(Protocol):
+    """What a step needs from the job that runs it."""
+
+    seed: int
+
+    def interrupted(self) -> bool: ...
+
+    def batch(self, start: int, size: int) -> Any: ...
+
+    def set_phase(self, phase: Phase) -> None: ...
+
+    def backward_micro_batch(self, step: Step, mb: MicroBatch, loss: torch.Tensor, closing: bool) -> None: ...
+
+    def close_without_micro_batches(self, step: Step) -> None: ...
 
 
 class Step:
@@ -21,32 +35,38 @@ class Step:
     same step (the same global samples) in the new generation; the user's loop needs no special case.
     """
 
-    def __init__(self, job: ElasticJob, number: int, micro: tuple[MicroBatch, ...], lr_factor: float) -> None:
-        self._job = job
+    def __init__(
+        self, host: StepHost, number: int, first: int, micro: tuple[MicroBatch, ...], rank: int, world: int
+    ) -> None:
+        self._host = host
         self.number = number
-        self.rank = job.rank
-        self.world_size = job.world_size
-        self.lr_factor = lr_factor
+        self.first = first  # the stream position of the step's first sample
+        self.rank = rank
+        self.world_size = world
         self.aborted = False
+        self.complete = False  # every micro-batch was back-propagated
         self.ranges: list[tuple[int, int]] = []
         self._micro = micro
         self._current: MicroBatch | None = None
 
     def micro_batches(self) -> Iterator[Any]:
-        job = self._job
+        host = self._host
+        if not self._micro:  # more ranks than micro-batches: this rank only takes part in the sum
+            host.close_without_micro_batches(self)
+            self.complete = True
+            return
         for mb in self._micro:
-            if job.interrupted():
+            if host.interrupted():
                 self.aborted = True
                 return
-            start = job.cursor + mb.offset
-            batch = job.load_batch(start, mb.size)
-            torch.manual_seed(micro_batch_seed(job.seed, self.number, mb.index))
+            batch = host.batch(self.first + mb.offset, mb.size)
+            torch.manual_seed(micro_batch_seed(host.seed, self.number, mb.index))
             self._current = mb
-            job.set_phase("compute")
+            host.set_phase("compute")
             yield batch
             if self._current is not None:
                 raise ElasticError(f"step {self.number}: call step.backward(loss) once for every micro-batch")
-            self.ranges.append((start, start + mb.size))
+        self.complete = not self.aborted
 
     def backward(self, loss: torch.Tensor) -> None:
         """Back-propagate the micro-batch's mean loss; the library weights it by the micro-batch's share."""
@@ -56,5 +76,7 @@ class Step:
         self._current = None
         if self.aborted:
             return
-        loss.backward()
-        self._job.accumulate(mb.weight, loss)
+        start = self.first + mb.offset
+        self.ranges.append((start, start + mb.size))
+        closing = mb is self._micro[-1]
+        self._host.backward_micro_batch(self, mb, loss, closing)

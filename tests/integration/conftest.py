@@ -60,6 +60,7 @@ def runner(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> Runner:
                 "max_restarts": 0,
                 "progress_interval_s": 1000.0,
                 "ledger_dir": out / "ledger",
+                "reduce_dtype": "float64",  # exact mode unless a test asks for another
                 **settings,
             }
         )

@@ -65,7 +65,8 @@ def test_standalone_run_matches_the_elastic_one(
 ) -> None:
     out = tmp_path / "model.pt"
     # Bit-equality needs the same kernels: one thread per process, as the launcher gives its workers.
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_ELASTIC_")} | {"OMP_NUM_THREADS": "1"}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_ELASTIC_")}
+    env |= {"OMP_NUM_THREADS": "1", "SLURM_ELASTIC_REDUCE_DTYPE": "float64"}
     cmd = [sys.executable, str(EXAMPLE), "--data", str(corpus), "--steps", str(STEPS), "--save", str(out)]
     subprocess.run(cmd, env=env, check=True, timeout=240)
     assert max_param_rel_diff(torch.load(out), reference) <= TOLERANCE

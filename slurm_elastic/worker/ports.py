@@ -1,0 +1,70 @@
+"""The seams of a worker: what its runtime receives instead of building it, so tests can run ranks as
+threads with a group that fails a chosen collective, or a fault plan, without touching the training loop.
+
+The defaults are the real things: a control connection to the coordinator, a TCPStore client, a gloo
+or NCCL process group, the fault plan from the environment, and the process hooks (SIGTERM becomes a drain,
+an uncaught exception is reported).
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from pydantic import BaseModel
+
+from slurm_elastic.faults import FaultPhase
+from slurm_elastic.wire.messages import Phase, WorkerSettings
+from slurm_elastic.worker.comm import Group, Interrupt
+from slurm_elastic.worker.control import Announcement, ControlClient, Identity
+
+
+class Control(Protocol):
+    """The worker's connection to its coordinator (ControlClient)."""
+
+    progress: tuple[int, int, Phase]
+
+    def register(self, committed_step: int, pid: int) -> WorkerSettings: ...
+
+    def next_announcement(self, after: int, timeout: float | None = None) -> Announcement | None: ...
+
+    def enter_generation(self, generation: int) -> None: ...
+
+    def change_requested(self) -> bool: ...
+
+    def send(self, msg: BaseModel) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class Faults(Protocol):
+    """Fires injected faults at a step's phase (FaultInjector); `armed` says whether any are left."""
+
+    @property
+    def armed(self) -> bool: ...
+
+    def hit(self, phase: FaultPhase, step: int) -> None: ...
+
+
+ControlFactory = Callable[[str, str, Identity, Interrupt], Control]
+StoreFactory = Callable[[str, int, float], Any]  # (host, port, timeout_s) -> a store client
+GroupFactory = Callable[..., Group]  # Group.form's signature
+
+
+def tcp_store_client(host: str, port: int, timeout_s: float) -> Any:
+    import torch.distributed as dist
+
+    return dist.TCPStore(
+        host, port, is_master=False, timeout=datetime.timedelta(seconds=timeout_s), wait_for_workers=False
+    )
+
+
+@dataclass(frozen=True)
+class Ports:
+    control: ControlFactory = ControlClient
+    store: StoreFactory = tcp_store_client
+    groups: GroupFactory = Group.form
+    faults: Faults | None = None  # None: the plan in the worker's environment
+    process_hooks: bool = True  # off for ranks that are threads of one process

@@ -1,0 +1,205 @@
+"""A worker's membership in the job: its control connection, and each generation's store and process group.
+
+`recover` leaves the current generation and keeps joining announced ones until one is formed and every
+member holds the same committed state (taken from peers when behind: never from disk). An announcement
+that ends the worker (Leave, Stop, a lost coordinator) surfaces as `WorkerEnded`, which the training loop
+turns into its one exit path.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+from pydantic import BaseModel
+
+from slurm_elastic.decide import worker as decide
+from slurm_elastic.wire.messages import Assign, CollectiveFault, Leave, Phase, Stop, WorkerEvent, WorkerSettings
+from slurm_elastic.worker.comm import CollectiveFailed, Group, Interrupt, Interrupted, pick_backend
+from slurm_elastic.worker.control import CoordinatorLost, Identity, JobOver
+from slurm_elastic.worker.env import WorkerEnv
+from slurm_elastic.worker.ports import Control, Faults, Ports
+from slurm_elastic.worker.replica import Replica
+from slurm_elastic.worker.sync import SyncResult, synchronize
+
+log = structlog.get_logger("slurm_elastic.worker")
+
+# How long a worker whose collective failed waits for the coordinator's new generation before asking
+# for one itself (the usual path, a lost peer, brings the generation in milliseconds).
+FAULT_GRACE_S = 1.0
+
+
+class WorkerEnded(Exception):
+    """The coordinator (or its absence) ended this worker; `ending` says how."""
+
+    def __init__(self, ending: decide.Ending) -> None:
+        super().__init__(ending.reason)
+        self.ending = ending
+
+
+@dataclass(frozen=True)
+class Entered:
+    """A generation formed and in sync."""
+
+    announcement: Assign
+    sync: SyncResult
+    form_s: float
+    total_s: float
+
+
+class Runtime:
+    def __init__(self, env: WorkerEnv, ports: Ports, faults: Faults, interrupt: Interrupt) -> None:
+        self.env = env
+        self.ports = ports
+        self.faults = faults
+        self.interrupt = interrupt
+        self.control: Control | None = None
+        self.settings: WorkerSettings | None = None
+        self.group: Group | None = None
+        self.store: Any = None
+        self.generation, self.rank, self.world = 0, 0, 1
+        self.checkpoints = False  # whether this worker writes disaster-recovery checkpoints
+        self._backend = "gloo"
+
+    # --- life cycle -----------------------------------------------------------------------------------
+
+    def register(self, committed_step: int) -> WorkerSettings:
+        env = self.env
+        identity = Identity(env.job_id, env.worker_id, env.node, env.local_rank)
+        self.control = self.ports.control(env.coordinator or "", env.secret, identity, self.interrupt)
+        try:
+            self.settings = self.control.register(committed_step, os.getpid())
+        except JobOver as exc:
+            raise WorkerEnded(decide.ending_for_refused_registration(str(exc))) from None
+        self._backend = pick_backend(self.settings.backend)
+        return self.settings
+
+    def solo(self) -> None:
+        """No coordinator: this process is the whole job."""
+        self.group = Group(None, 0, 1, 1, self.interrupt)
+        self.generation, self.rank, self.world = 1, 0, 1
+
+    def close(self) -> None:
+        if self.control is not None:
+            self.control.close()
+            self.control = None
+
+    # --- what the training loop asks -------------------------------------------------------------------
+
+    @property
+    def standalone(self) -> bool:
+        return self.control is None
+
+    def superseded(self) -> bool:
+        return self.interrupt.is_set()
+
+    def change_requested(self) -> bool:
+        return self.control is not None and self.control.change_requested()
+
+    def set_phase(self, step: int, phase: Phase) -> None:
+        if self.control is not None:
+            self.control.progress = (self.generation, step, phase)
+
+    def send(self, message: BaseModel) -> None:
+        if self.control is not None:
+            self.control.send(message)
+
+    # --- generations ----------------------------------------------------------------------------------
+
+    def abandon(self) -> None:
+        if self.group is not None:
+            self.group.abandon()
+            self.group = None
+
+    def recover(self, replica: Replica, *, patient: bool) -> Entered:
+        """Leave the current generation; join announced ones until one is formed and in sync."""
+        self.abandon()
+        while True:
+            announcement = self._next_announcement(patient, replica)
+            patient = False
+            try:
+                return self._enter(announcement, replica)
+            except (Interrupted, CollectiveFailed) as exc:
+                log.info("generation_attempt_failed", generation=self.generation, reason=str(exc))
+                self.abandon()
+
+    def _next_announcement(self, patient: bool, replica: Replica) -> Assign:
+        control = self.control
+        assert control is not None
+        try:
+            ann = control.next_announcement(self.generation, None if patient else FAULT_GRACE_S)
+            if ann is None:
+                detail = "no new generation after a fault"
+                control.send(CollectiveFault(generation=max(self.generation, 1), step=replica.step, detail=detail))
+                ann = control.next_announcement(self.generation)
+        except CoordinatorLost as exc:
+            raise WorkerEnded(decide.ending_for_lost_coordinator(str(exc))) from None
+        if isinstance(ann, Leave):
+            raise WorkerEnded(decide.ending_for_leave(ann.reason))
+        if isinstance(ann, Stop):
+            holds = not replica.fresh
+            ending = decide.ending_for_stop(
+                ann.reason, ann.error, rank=self.rank, holds_state=holds, checkpoints=self.checkpoints
+            )
+            raise WorkerEnded(ending)
+        assert isinstance(ann, Assign)
+        return ann
+
+    def _enter(self, ann: Assign, replica: Replica) -> Entered:
+        control, settings = self.control, self.settings
+        assert control is not None and settings is not None
+        started = time.monotonic()
+        control.enter_generation(ann.generation)
+        self.generation, self.rank, self.world = ann.generation, ann.rank, len(ann.ranks)
+        self.set_phase(replica.step, "recovery")
+        # A fresh store client per generation: the client serialises requests, so a blocked call left
+        # behind by an abandoned generation (a peer that died mid-rendezvous) must not stall this one.
+        self.store = self.ports.store(settings.store_host, settings.store_port, settings.pg_timeout_s)
+        self.group = self.ports.groups(
+            self.store,
+            settings.store_prefix,
+            ann.rank,
+            len(ann.ranks),
+            ann.generation,
+            backend=self._backend,
+            timeout_s=settings.pg_timeout_s,
+            interrupt=self.interrupt,
+        )
+        formed = time.monotonic()
+        self.faults.hit("recovery", replica.step + 1)
+        result = synchronize(
+            self.group,
+            self.store,
+            settings.store_prefix,
+            replica.committed_step,
+            replica.fingerprint(),
+            replica.capture,
+        )
+        if result.received is not None:
+            replica.restore(result.received)
+        replica.fresh = False
+        return Entered(ann, result, formed - started, time.monotonic() - started)
+
+    def report_generation(self, entered: Entered, extra: dict[str, Any]) -> None:
+        """Rank 0 tells the coordinator how the generation formed (one `generation_ready` event)."""
+        if self.rank != 0:
+            return
+        sync = entered.sync
+        fields = {
+            "generation": self.generation,
+            "cause": entered.announcement.cause,
+            "world": self.world,
+            "form_s": round(entered.form_s, 4),
+            "sync_s": round(sync.seconds, 4),
+            "total_s": round(entered.total_s, 4),
+            "resume_step": sync.plan.target_step,
+            "receivers": list(sync.plan.receivers),
+            "sources": list(sync.plan.sources),
+            "bytes": sync.bytes_moved,
+            "transfer": sync.plan.reason,
+            **extra,
+        }
+        self.send(WorkerEvent(kind="generation_ready", fields=fields))
