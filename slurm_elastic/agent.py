@@ -21,6 +21,7 @@ import structlog
 
 from slurm_elastic.decide.failures import restart_decision
 from slurm_elastic.errors import ElasticError
+from slurm_elastic.lineage import become_subreaper, die_with_parent, kill_adopted, reap_adopted
 from slurm_elastic.wire.channel import Channel, connect
 from slurm_elastic.wire.messages import (
     Ack,
@@ -61,6 +62,7 @@ class Slot:
     restarts: int = 0
     proc: subprocess.Popen[bytes] | None = None
     expected_exit: bool = False  # we killed it on purpose (restart-all, eviction): not a crash
+    restart_due: bool = False  # to be started again by the main thread
 
 
 class Agent:
@@ -97,8 +99,10 @@ class Agent:
         )
         if cfg.nproc > 1:
             env.setdefault("OMP_NUM_THREADS", "1")  # as torchrun does: don't oversubscribe the node's cores
-        slot.expected_exit = False
-        slot.proc = subprocess.Popen(cfg.command, env=env)
+        slot.expected_exit = slot.restart_due = False
+        # Only the main thread starts workers: each dies with the thread that started it (see lineage).
+        assert threading.current_thread() is threading.main_thread()
+        slot.proc = subprocess.Popen(cfg.command, env=env, preexec_fn=die_with_parent())
         threading.Thread(
             target=self._watch, args=(slot, slot.proc), name=f"se-watch-{slot.local_rank}", daemon=True
         ).start()
@@ -118,7 +122,7 @@ class Agent:
             slot.proc = None
             if restart:
                 slot.incarnation += 1
-                self._spawn(slot)
+                slot.restart_due = True
             self._lock.notify_all()
 
     def _stopping(self) -> bool:
@@ -131,7 +135,10 @@ class Agent:
                     slot.proc.send_signal(sig)
 
     def _alive(self) -> bool:
-        return any(slot.proc is not None for slot in self.slots)
+        return any(slot.proc is not None or slot.restart_due for slot in self.slots)
+
+    def _workers(self) -> list[int]:
+        return [slot.proc.pid for slot in self.slots if slot.proc is not None]
 
     # --- coordinator ----------------------------------------------------------------------------------
 
@@ -198,6 +205,7 @@ class Agent:
 
     def run(self) -> int:
         cfg = self.config
+        become_subreaper()  # what a worker leaves behind comes back to this agent, inside the Slurm step
         self._channel = connect(cfg.coordinator, secret=cfg.secret, job_id=cfg.job_id, role="agent")
         self._channel.send(
             RegisterNode(
@@ -232,6 +240,12 @@ class Agent:
                 if drain_deadline is not None and time.monotonic() > drain_deadline:
                     log.warning("drain_timeout", node=self.config.node, grace_s=self.config.drain_grace_s)
                     break
+                for slot in (s for s in self.slots if s.restart_due):
+                    if self._stopping():
+                        slot.restart_due = False
+                    else:
+                        self._spawn(slot)
+                reap_adopted(self._workers())
                 self._lock.wait(0.2)
         self._terminate_workers()
         code = self._exit_code()  # before closing: the reader thread takes a closed channel for a lost coordinator
@@ -271,11 +285,23 @@ class Agent:
     def _terminate_workers(self, grace_s: float = 10.0) -> None:
         deadline = time.monotonic() + grace_s
         with self._lock:
+            for slot in self.slots:
+                slot.restart_due = False
             if self._alive():
                 self._signal_workers(signal.SIGTERM)
             while self._alive() and time.monotonic() < deadline:
                 self._lock.wait(0.1)
             self._signal_workers(signal.SIGKILL)
+            while self._alive() and time.monotonic() < deadline + 5:
+                self._lock.wait(0.1)
+        # Orphans the workers left behind came back to this subreaper: end them (and theirs) and reap them.
+        for _ in range(10):
+            adopted = kill_adopted(self._workers())
+            time.sleep(0.05)
+            reap_adopted(self._workers())
+            if not adopted:
+                break
+            log.warning("killed_leftover_processes", node=self.config.node, pids=adopted)
 
 
 def _join_config(core_job: str, node: str, command: list[str]) -> AgentConfig:
