@@ -240,6 +240,24 @@ class LocalCluster:
                 )
             time.sleep(0.5)
 
+    def recover_nodes(self, timeout_s: float = 60.0) -> list[tuple[str, str, str]]:
+        """Bring back every node that is drained, down or failed (its slurmd restarted if it died, then
+        RESUME); returns (node, state, Slurm's reason) of each, so the caller can report what it found."""
+        result = self.slurm("sinfo", "-h", "-N", "-o", "%N|%T|%E", timeout_s=15.0, check=False)
+        found = []
+        for line in result.stdout.splitlines():
+            name, _, rest = line.strip().partition("|")
+            state, _, reason = rest.partition("|")
+            if name in self.nodes and not _usable(state) and (name, state, reason) not in found:
+                found.append((name, state, reason))
+        for name, _, _ in found:
+            if not self.layout.slurmd_pids(procs.list_procs(), name):
+                self._start_slurmd(name)
+            self.slurm("scontrol", "update", f"NodeName={name}", "State=RESUME", check=False)
+        if found:
+            self.wait_nodes([n for n, _, _ in found], timeout_s=timeout_s)
+        return found
+
     # --- failure simulation ----------------------------------------------------------------------
 
     def kill_node(self, name: str, *, mark_down: bool = False) -> set[int]:

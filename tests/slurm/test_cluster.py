@@ -231,3 +231,12 @@ def test_kill_node_kills_only_that_nodes_task_and_restart_brings_it_back(
         slurm_cluster.restart_node("n3")
     slurm_cluster.wait_nodes(["n3"], want_idle=True, timeout_s=60.0)
     assert slurm_cluster.is_up()
+
+
+def test_recover_nodes_reports_and_resumes_a_drained_node(slurm_cluster: LocalCluster) -> None:
+    slurm_cluster.slurm("scontrol", "update", "NodeName=n2", "State=DRAIN", "Reason=pytest left it drained")
+    found = slurm_cluster.recover_nodes()
+    assert [(node, reason) for node, _, reason in found] == [("n2", "pytest left it drained")]
+    assert found[0][1].startswith("drain")
+    assert slurm_cluster.node_states()["n2"] == "idle"
+    assert slurm_cluster.recover_nodes() == []
