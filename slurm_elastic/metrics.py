@@ -65,3 +65,18 @@ def max_param_rel_diff(got: Mapping[str, object], ref: Mapping[str, object]) -> 
         rel = diff / scale if scale > 0 else (0.0 if diff == 0 else math.inf)
         worst = max(worst, rel)
     return worst
+
+
+def tolerance(reduce_dtype: str, steps: int) -> float:
+    """The largest `max_param_rel_diff` from an uninterrupted run that a gradient-sum mode promises.
+
+    float64 (exact): any world size, fault or resize gives the same bits; 1e-6 leaves room only for a
+    different CPU. float32 and bfloat16 sum in the order each world size gives, and AdamW magnifies that
+    rounding over the steps. Measured on the char-LM example (uninterrupted runs at 2, 3 and 4 ranks):
+    float32 differs by 1.2e-4 after 16 steps and 5.8e-3 after 300, about 2e-5 per step; the bound is five
+    times that (at least 1e-3), and ten times more for bfloat16's coarser sums (docs/reduction.md).
+    """
+    if reduce_dtype == "float64":
+        return 1e-6
+    bound = max(1e-3, 1e-4 * steps)
+    return bound * 10 if reduce_dtype == "bfloat16" else bound

@@ -27,7 +27,7 @@ from slurm_elastic.errors import ElasticError
 from slurm_elastic.events import EventsFile
 from slurm_elastic.launch.slurm import submit_satellite
 from slurm_elastic.ledger import analyze
-from slurm_elastic.metrics import max_param_rel_diff, recovery_after
+from slurm_elastic.metrics import max_param_rel_diff, recovery_after, tolerance
 from slurm_elastic.slurm import CliBackend
 from slurm_elastic.workload import corpus, train_command
 
@@ -36,7 +36,7 @@ STEPS = 2400
 
 
 class DemoJob(EventsFile):
-    def __init__(self, root: Path, backend: CliBackend, nodes: str) -> None:
+    def __init__(self, root: Path, backend: CliBackend, nodes: str, reduce_dtype: str) -> None:
         self.root, self.backend = root, backend
         root.mkdir(parents=True, exist_ok=True)
         self.env = {
@@ -48,6 +48,7 @@ class DemoJob(EventsFile):
             "SLURM_ELASTIC_HEARTBEAT_INTERVAL_S": "0.5",
             "SLURM_ELASTIC_MAX_RESTARTS": "0",
             "SLURM_ELASTIC_PROGRESS_INTERVAL_S": "5",
+            "SLURM_ELASTIC_REDUCE_DTYPE": reduce_dtype,
             "OMP_NUM_THREADS": "1",
             "SE_PYTHON": sys.executable,
         }
@@ -61,7 +62,7 @@ class DemoJob(EventsFile):
         return info.is_finished and info.state != "REQUEUED"
 
 
-def run_slurm_demo(workdir: Path | None, log: Callable[[str], None]) -> dict[str, Any]:
+def run_slurm_demo(workdir: Path | None, log: Callable[[str], None], reduce_dtype: str) -> dict[str, Any]:
     cluster = LocalCluster()
     if not cluster.is_up():
         raise ElasticError(f"the local Slurm cluster ({cluster.state_dir}) is not running: `make cluster-up` first")
@@ -71,10 +72,10 @@ def run_slurm_demo(workdir: Path | None, log: Callable[[str], None]) -> dict[str
     out = workdir or Path(tempfile.mkdtemp(prefix="slurm-elastic-demo-slurm-"))
     try:
         log(f"demo --slurm: reference run of {STEPS} steps on n[1-3], uninterrupted")
-        ref = DemoJob(out / "reference", backend, "n[1-3]")
+        ref = DemoJob(out / "reference", backend, "n[1-3]", reduce_dtype)
         ref.wait("the reference run", ref.finished, timeout=900)
         log("demo --slurm: elastic run on n[1-3]; a satellite joins, n2 dies, the satellite is preempted and rejoins")
-        job = DemoJob(out / "elastic", backend, "n[1-3]")
+        job = DemoJob(out / "elastic", backend, "n[1-3]", reduce_dtype)
         job.wait("the job to start", lambda: job.world() == 3)
         satellite = submit_satellite(backend, job.job_id, "train", env=job.env)
         job.wait("the satellite to join", lambda: job.world() == 4)
@@ -106,6 +107,8 @@ def run_slurm_demo(workdir: Path | None, log: Callable[[str], None]) -> dict[str
             "max_param_rel_diff": max_param_rel_diff(
                 torch.load(job.root / "model.pt"), torch.load(ref.root / "model.pt")
             ),
+            "reduce_dtype": reduce_dtype,
+            "tolerance": tolerance(reduce_dtype, STEPS),
             "world_sizes": [e["world"] for e in changes],
             "generations": len(changes),
             "events": sorted({e["event"] for e in job.events()} - {"commit", "progress"}),
@@ -130,7 +133,7 @@ def _sbatch(args: list[str]) -> str:
     return done.stdout.strip().split(";")[0]
 
 
-def main(as_json: bool, workdir: Path | None) -> int:
-    summary = run_slurm_demo(workdir, lambda line: print(line, file=sys.stderr, flush=True))
+def main(as_json: bool, workdir: Path | None, reduce_dtype: str = "float32") -> int:
+    summary = run_slurm_demo(workdir, lambda line: print(line, file=sys.stderr, flush=True), reduce_dtype)
     print(json.dumps(summary) if as_json else render(summary))
     return 0

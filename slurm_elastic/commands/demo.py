@@ -11,6 +11,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     p.add_argument("--slurm", action="store_true", help="run through elastic_core.sbatch on the local Slurm cluster")
     p.add_argument("--keep", type=Path, default=None, metavar="DIR", help="keep logs, events and models in DIR")
+    p.add_argument(
+        "--reduce-dtype",
+        choices=("float32", "bfloat16", "float64"),
+        default="float32",
+        help="how gradients are summed (float64: exact, the same bits as the reference); default float32",
+    )
     p.set_defaults(func=run)
 
 
@@ -21,7 +27,7 @@ def run(args: argparse.Namespace) -> int:
     if args.slurm:
         from slurm_elastic.slurmdemo import main as slurm_main
 
-        return slurm_main(args.json, args.keep)
-    from slurm_elastic.demo import main
+        return slurm_main(args.json, args.keep, args.reduce_dtype)
+    from slurm_elastic.demo import DemoPlan, main
 
-    return main(args.json, workdir=args.keep)
+    return main(args.json, DemoPlan(reduce_dtype=args.reduce_dtype), workdir=args.keep)

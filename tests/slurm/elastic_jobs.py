@@ -22,7 +22,8 @@ from slurm_elastic.slurm import CliBackend, JobInfo
 REPO = Path(__file__).resolve().parents[2]
 CORE = REPO / "sbatch_templates" / "elastic_core.sbatch"
 SLOW = REPO / "tests" / "integration" / "train_slow.py"
-TOLERANCE = 1e-6
+TOLERANCE = 1e-6  # exact mode: the same bits as the uninterrupted run whatever happens to the job
+EXACT = {"SLURM_ELASTIC_REDUCE_DTYPE": "float64"}
 
 
 def corpus(root: Path) -> Path:
@@ -36,7 +37,7 @@ def reference_model(root: Path, steps: int) -> dict[str, torch.Tensor]:
     """The uninterrupted run: the same script alone (world size never changes the result)."""
     out = root / f"reference-{steps}.pt"
     if not out.exists():
-        env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")} | {"OMP_NUM_THREADS": "1"}
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")} | {"OMP_NUM_THREADS": "1", **EXACT}
         cmd = [sys.executable, str(SLOW), "--data", str(corpus(root)), "--steps", str(steps), "--save", str(out)]
         subprocess.run(cmd, env=env, check=True, timeout=300, capture_output=True)
     return torch.load(out)  # type: ignore[no-any-return]
@@ -115,6 +116,7 @@ def job_env(root: Path) -> dict[str, str]:
         "SLURM_ELASTIC_NODE_WATCH_INTERVAL_S": "1",
         "SLURM_ELASTIC_CHECKPOINT_EVERY": "10",
         "SLURM_ELASTIC_MAX_RESTARTS": "0",
+        **EXACT,
         "OMP_NUM_THREADS": "1",
         "SE_PYTHON": sys.executable,
     }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import itertools
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -20,7 +21,7 @@ from slurm_elastic.worker.reduction import CONTROL_SLOTS, GradientReducer, reduc
 def mlp(seed: int = 0, sizes: tuple[int, ...] = (8, 16, 16, 4)) -> nn.Sequential:
     torch.manual_seed(seed)
     layers: list[nn.Module] = []
-    for a, b in zip(sizes, sizes[1:], strict=False):
+    for a, b in itertools.pairwise(sizes):
         layers += [nn.Linear(a, b), nn.Tanh()]
     return nn.Sequential(*layers[:-1])
 
@@ -35,7 +36,9 @@ def loss_of(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch
     return ((model(x) - y) ** 2).mean()
 
 
-def reference_grads(model: nn.Module, data: list[tuple[torch.Tensor, torch.Tensor]], weights: list[float]) -> list[torch.Tensor]:
+def reference_grads(
+    model: nn.Module, data: list[tuple[torch.Tensor, torch.Tensor]], weights: list[float]
+) -> list[torch.Tensor]:
     """sum_i w_i * grad(loss_i), each gradient computed alone, summed in float64."""
     total = [torch.zeros_like(p, dtype=torch.float64) for p in model.parameters()]
     for batch, w in zip(data, weights, strict=True):
@@ -48,7 +51,9 @@ def reference_grads(model: nn.Module, data: list[tuple[torch.Tensor, torch.Tenso
     return total
 
 
-def run_step(red: GradientReducer, model: nn.Module, data: list[Any], weights: list[float], group: Group | None = None) -> tuple[float, bool]:
+def run_step(
+    red: GradientReducer, model: nn.Module, data: list[Any], weights: list[float], group: Group | None = None
+) -> tuple[float, bool]:
     red.begin(group)
     for i, (batch, w) in enumerate(zip(data, weights, strict=True)):
         loss = loss_of(model, batch)
@@ -78,7 +83,7 @@ def test_one_bucket_when_it_fits_and_a_bad_setting_is_refused() -> None:
     assert GradientReducer(list(mlp().parameters()), "float32").bucket_count == 1
     with pytest.raises(ConfigError, match="bucket_mb"):
         GradientReducer(list(mlp().parameters()), "float32", bucket_mb=0)
-    with pytest.raises(ConfigError, match="float16.*float32, bfloat16, float64"):
+    with pytest.raises(ConfigError, match=r"float16.*float32, bfloat16, float64"):
         reduce_dtype_of("float16")
 
 
