@@ -9,7 +9,7 @@ from slurm_elastic.commands.common import fail, print_result
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("bench", help="benchmarks (mttr, notify)", description=__doc__)
+    p = sub.add_parser("bench", help="benchmarks (mttr, overhead, notify)", description=__doc__)
     which = p.add_subparsers(dest="bench", required=True, metavar="BENCHMARK")
     mttr = which.add_parser("mttr", help="recovery time after a node's SIGKILL: elastic vs checkpoint-restart")
     mttr.add_argument("--json", action="store_true", help="print one JSON object")
@@ -17,6 +17,13 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     mttr.add_argument("--kills", type=int, default=5)
     mttr.add_argument("--slurm", action="store_true", help="on the local Slurm cluster (job requeue as the baseline)")
     mttr.set_defaults(func=run_mttr)
+    overhead = which.add_parser(
+        "overhead", help="seconds per step and peak memory: ElasticJob (float32, float64) vs plain torch DDP"
+    )
+    overhead.add_argument("--json", action="store_true", help="print one JSON object")
+    overhead.add_argument("--repeats", type=int, default=2, help="runs of each mode per size (median)")
+    overhead.add_argument("--sizes", default="small,medium,large", help="model sizes to run (small,medium,large)")
+    overhead.set_defaults(func=run_overhead)
     from slurm_elastic.hooks import bench as notify
 
     notify.add_parser(which)
@@ -34,5 +41,21 @@ def run_mttr(args: argparse.Namespace) -> int:
         from slurm_elastic.bench.mttr import MttrPlan, run
 
         result = run(MttrPlan(nodes=args.nodes, kills=args.kills), log)
+    print_result(result, args.json)
+    return 0
+
+
+def run_overhead(args: argparse.Namespace) -> int:
+    from slurm_elastic.bench.overhead import SIZES, OverheadPlan, run
+
+    known = {s.name: s for s in SIZES}
+    names = [n.strip() for n in args.sizes.split(",") if n.strip()]
+    unknown = [n for n in names if n not in known]
+    if unknown or not names:
+        return fail(f"--sizes {args.sizes!r}: expected a comma-separated list of {', '.join(known)}")
+    if args.repeats < 1:
+        return fail(f"--repeats {args.repeats}: expected an integer >= 1")
+    log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
+    result = run(OverheadPlan(sizes=tuple(known[n] for n in names), repeats=args.repeats), log)
     print_result(result, args.json)
     return 0

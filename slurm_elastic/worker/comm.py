@@ -178,7 +178,10 @@ class Group:
         """Start a sum and return the function that waits for it (lets a fault fire mid-flight)."""
         if self.pg is None:
             return lambda: None
-        work = self.pg.allreduce([tensor])
+        try:
+            work = self.pg.allreduce([tensor])
+        except RuntimeError as exc:  # e.g. NCCL refuses to start on an aborted communicator
+            raise CollectiveFailed(f"allreduce could not start: {exc}") from exc
         return lambda: _wait_work(work, self.interrupt, "allreduce")
 
     def allgather(self, tensor: torch.Tensor) -> list[torch.Tensor]:

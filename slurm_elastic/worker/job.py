@@ -18,10 +18,9 @@ when the worker left the job, the job stopped or failed, or the coordinator was 
 
 from __future__ import annotations
 
-import itertools
 import time
-from collections.abc import Callable, Iterator, Sequence
-from typing import Any, NoReturn
+from collections.abc import Callable, Iterator
+from typing import Any, NoReturn, Protocol
 
 import structlog
 import torch
@@ -56,6 +55,14 @@ log = structlog.get_logger("slurm_elastic.worker")
 DEFAULT_PREFETCH = 4
 
 
+class Samples(Protocol):
+    """A map-style data set, as torch's DataLoader takes: `len(data)` samples, `data[i]` the i-th."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, index: int) -> Any: ...
+
+
 class JobEnded(SystemExit):
     """This worker's process ends: it left the job, the job stopped or failed, or the coordinator was lost."""
 
@@ -71,7 +78,7 @@ class ElasticJob:
         optimizer: torch.optim.Optimizer,
         scheduler: Any | None = None,
         *,
-        dataset: Sequence[Any],
+        dataset: Samples,
         micro_batch: int,
         global_batch: int | None = None,
         per_replica_batch: int | None = None,
@@ -119,6 +126,7 @@ class ElasticJob:
         )
         self._runtime = Runtime(self.env, ports, self._faults, self._interrupt)
         self._boundary_due = False
+        self._total_steps = 0  # what the loop asked for (bounds how far batches are read ahead)
         self._attempt: Step | None = None
         self._process = ProcessHooks(self.env.node, self.env.worker_id, self._runtime.send)
         self._started = False
@@ -161,6 +169,7 @@ class ElasticJob:
         """Yield step attempts until `total_steps` optimizer steps are committed."""
         if not isinstance(total_steps, int) or isinstance(total_steps, bool) or total_steps < 1:
             raise ConfigError(f"invalid total_steps {total_steps!r}: expected an integer >= 1")
+        self._total_steps = total_steps
         try:
             self._start()
             outcome: decide.AttemptOutcome = "none"
@@ -175,8 +184,8 @@ class ElasticJob:
                         attempt = self._new_attempt()
                         yield attempt
                         outcome, detail = self._conclude(attempt)
-                    case decide.Recover(reason=reason, patient=patient):
-                        self._recover(reason, patient=patient)
+                    case decide.Recover(patient=patient):
+                        self._recover(patient=patient)
                     case decide.CrossBoundary():
                         self._cross_boundary()
                     case decide.Finish():
@@ -311,15 +320,14 @@ class ElasticJob:
             self._load_checkpoint()
         if self._ports.process_hooks:
             self._process.install()
-        self._recover("start", patient=True)
+        self._recover(patient=True)
 
     def _open_ledger(self, run: int) -> None:
         # The run is the whole job's (requeues of the core job), never a satellite's own restart count.
         if self.env.ledger_dir is not None:
             self._ledger = LedgerWriter(self.env.ledger_dir, self.env.worker_id, run)
 
-    def _recover(self, reason: str, *, patient: bool) -> None:
-        log.debug("recovering", worker=self.env.worker_id, reason=reason, step=self.step)
+    def _recover(self, *, patient: bool) -> None:
         self._reducer.abandon()  # an abandoned sum may still write into the old buffers
         entered = self._runtime.recover(self._replica, patient=patient)
         self._entered()
@@ -344,7 +352,7 @@ class ElasticJob:
     def _schedule(self) -> Iterator[tuple[int, int]]:
         plan, cursor = self._plan, self.cursor
         mine = plan.for_rank(self.rank)
-        for k in itertools.count():
+        for k in range(max(0, self._total_steps - self.step)):
             base = cursor + k * plan.step_samples
             for mb in mine:
                 yield base + mb.offset, mb.size
@@ -352,7 +360,7 @@ class ElasticJob:
     def _cross_boundary(self) -> None:
         self.set_phase("boundary")
         self._runtime.send(AtBoundary(generation=self.generation, step=self.step))
-        self._recover(f"membership change after step {self.step}", patient=True)
+        self._recover(patient=True)
 
     def _finish(self) -> None:
         """Leave only once every member holds the final step (a failed barrier heals the laggards first)."""
@@ -362,8 +370,8 @@ class ElasticJob:
                 if self._runtime.group:
                     self._runtime.group.allreduce_(done)
                 break
-            except (Interrupted, CollectiveFailed) as exc:
-                self._recover(str(exc), patient=False)
+            except (Interrupted, CollectiveFailed):
+                self._recover(patient=False)
         self.set_phase("done")
         self._runtime.send(Finished(generation=self.generation, step=self.step))
         if self._checkpoints:

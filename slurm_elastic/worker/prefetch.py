@@ -72,11 +72,15 @@ class Prefetcher:
             raise item.error
         return item
 
-    def close(self) -> None:
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop reading ahead and wait for a batch being read: no thread may run the user's data code (or
+        torch) while the interpreter shuts down."""
         with self._cond:
             self._closed = True
             self._ready.clear()
             self._cond.notify_all()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
 
     def _prepare(self, key: Key) -> Any:
         batch = self._load(*key)

@@ -24,7 +24,7 @@ from typing import Any, Literal
 import torch
 
 from slurm_elastic.errors import ConfigError, ElasticError
-from slurm_elastic.worker.comm import Group
+from slurm_elastic.worker.comm import CollectiveFailed, Group, Interrupted
 
 ReduceDtype = Literal["float32", "bfloat16", "float64"]
 REDUCE_DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
@@ -59,6 +59,13 @@ class _Bucket:
     wire: torch.Tensor = field(default_factory=lambda: torch.empty(0))  # what is summed (acc itself when it can)
     pending: int = 0  # gradients of the closing micro-batch not yet arrived
     work: Callable[[], None] | None = None  # waits for the bucket's sum
+
+
+def _failed(exc: Exception) -> Callable[[], None]:
+    def wait() -> None:
+        raise exc
+
+    return wait
 
 
 def _plan_buckets(
@@ -116,6 +123,7 @@ class GradientReducer:
         self._active = False  # inside a step attempt's backward
         self._closing = False  # the backward of this rank's last micro-batch of the step
         self._next_launch = 0
+        self._launch_error: Exception | None = None  # a sum of this attempt that could not start
         self._on_launch: Callable[[int], None] = lambda index: None
         self._allocate()
         self._hooks = [p.register_post_accumulate_grad_hook(self._grad_ready) for p in self.params]
@@ -151,6 +159,7 @@ class GradientReducer:
         self._group = group
         self._on_launch = on_launch or (lambda index: None)
         self._next_launch = 0
+        self._launch_error = None
         self._active, self._closing = True, False
         for b in self.buckets:
             b.acc.zero_()
@@ -211,8 +220,15 @@ class GradientReducer:
         self._next_launch = b.index + 1
         if b.wire is not b.acc:
             b.wire.copy_(b.acc)
-        if self._group is not None:
-            b.work = self._group.launch_allreduce(b.wire)
+        if self._group is not None and self._launch_error is not None:
+            b.work = _failed(self._launch_error)  # never start later sums: they would pair with the wrong ones
+        elif self._group is not None:
+            try:
+                b.work = self._group.launch_allreduce(b.wire)
+            except (CollectiveFailed, Interrupted) as exc:
+                # Raised inside autograd's hook it would escape the user's backward(): fail the step at its wait.
+                self._launch_error = exc
+                b.work = _failed(exc)
         self._on_launch(b.index)
 
     def wait(self) -> tuple[float, bool]:

@@ -1,0 +1,168 @@
+"""`slurm-elastic bench overhead`: what one training step costs under ElasticJob against plain torch DDP.
+
+The same workload (`steploop.py`: the char-LM example's model, the same global batch and micro-batch)
+runs on 4 local ranks as (a) plain DDP under torchrun, (b) ElasticJob summing in float32 and (c) in
+float64 (exact mode), each as a separate job, at three model sizes. Each job reports the time every step
+starts on rank 0 and every rank's peak resident memory; the steady-state step time is the median gap
+between step starts after the first `warmup` steps. Modes alternate within each size (a, b, c, then
+again) so that a slow moment of the machine falls on all of them; ratios come from this one run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from slurm_elastic.config import JobConfig
+from slurm_elastic.errors import ElasticError
+from slurm_elastic.launch.local import LocalJob
+from slurm_elastic.metrics import median
+from slurm_elastic.workload import corpus
+
+MODES = ("ddp", "float32", "float64")
+
+
+@dataclass(frozen=True)
+class Size:
+    name: str
+    dim: int
+    layers: int
+    steps: int
+
+
+SIZES = (Size("small", 128, 2, 40), Size("medium", 256, 4, 30), Size("large", 512, 7, 20))
+
+
+@dataclass(frozen=True)
+class OverheadPlan:
+    ranks: int = 4
+    sizes: tuple[Size, ...] = SIZES
+    warmup: int = 5
+    repeats: int = 2
+    global_batch: int = 32
+    micro_batch: int = 4
+
+
+@dataclass(frozen=True)
+class Run:
+    step_s: float
+    peak_rss_mb: float  # the largest of the ranks
+    params: int
+
+
+def _loop_args(plan: OverheadPlan, size: Size, data: Path, out: Path, mode: str) -> list[str]:
+    return [
+        "-m", "slurm_elastic.bench.steploop", "--mode", mode, "--data", str(data), "--out", str(out),
+        "--steps", str(size.steps), "--dim", str(size.dim), "--layers", str(size.layers),
+        "--global-batch", str(plan.global_batch), "--micro-batch", str(plan.micro_batch),
+    ]  # fmt: skip
+
+
+def _collect(out: Path, plan: OverheadPlan) -> Run:
+    records = [json.loads(p.read_text()) for p in sorted(out.glob("rank*.json"))]
+    if len(records) != plan.ranks:
+        raise ElasticError(f"bench overhead: {len(records)} of {plan.ranks} ranks reported in {out}")
+    starts = next(r["step_starts"] for r in records if r["rank"] == 0)
+    gaps = [b - a for a, b in zip(starts[plan.warmup :], starts[plan.warmup + 1 :], strict=False)]
+    step_s = median(gaps)
+    if step_s is None:
+        raise ElasticError(f"bench overhead: no steady-state steps in {out} (steps <= warmup {plan.warmup})")
+    return Run(step_s, max(r["peak_rss_mb"] for r in records), records[0]["params"])
+
+
+def _run_ddp(plan: OverheadPlan, size: Size, data: Path, out: Path) -> Run:
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={plan.ranks}",
+        *_loop_args(plan, size, data, out, "ddp"),
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
+    if done.returncode != 0:
+        raise ElasticError(f"bench overhead: torchrun failed ({done.returncode}): {done.stderr[-2000:]}")
+    return _collect(out, plan)
+
+
+def _run_elastic(plan: OverheadPlan, size: Size, data: Path, out: Path, dtype: str) -> Run:
+    config = JobConfig(
+        nodes=plan.ranks,
+        max_restarts=0,
+        progress_interval_s=1e9,
+        reduce_dtype=dtype,
+    )
+    job = LocalJob([sys.executable, *_loop_args(plan, size, data, out, "elastic")], config, root=out).start()
+    try:
+        result = job.wait(timeout=1800)
+    finally:
+        job.stop()
+    if not result.ok:
+        raise ElasticError(f"bench overhead: the {dtype} job {result.phase}: {result.reason}")
+    return _collect(out, plan)
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return round(a / b, 4) if a is not None and b else None
+
+
+def _measure(plan: OverheadPlan, size: Size, data: Path, out: Path, mode: str) -> Run:
+    return _run_ddp(plan, size, data, out) if mode == "ddp" else _run_elastic(plan, size, data, out, mode)
+
+
+def _summary(size: Size, runs: dict[str, list[Run]]) -> dict[str, Any]:
+    step = {m: median([r.step_s for r in runs[m]]) for m in MODES}
+    rss = {m: max(r.peak_rss_mb for r in runs[m]) for m in MODES}
+    return {
+        "name": size.name,
+        "params": runs["ddp"][0].params,
+        "dim": size.dim,
+        "layers": size.layers,
+        "ddp_step_s": round(step["ddp"] or 0.0, 4),
+        "fast_step_s": round(step["float32"] or 0.0, 4),
+        "exact_step_s": round(step["float64"] or 0.0, 4),
+        "ratio_fast": _ratio(step["float32"], step["ddp"]),
+        "ratio_exact": _ratio(step["float64"], step["ddp"]),
+        "ddp_peak_rss_mb": rss["ddp"],
+        "fast_peak_rss_mb": rss["float32"],
+        "exact_peak_rss_mb": rss["float64"],
+        "rss_ratio_fast": _ratio(rss["float32"], rss["ddp"]),
+        "rss_ratio_exact": _ratio(rss["float64"], rss["ddp"]),
+        **{
+            f"{name}_step_s_runs": [round(r.step_s, 4) for r in runs[m]]
+            for name, m in zip(("ddp", "fast", "exact"), MODES, strict=True)
+        },
+    }
+
+
+def run(plan: OverheadPlan, log: Callable[[str], None]) -> dict[str, Any]:
+    started = time.monotonic()
+    data = corpus()
+    sizes = []
+    with tempfile.TemporaryDirectory(prefix="slurm-elastic-overhead-") as tmp:
+        for size in plan.sizes:
+            runs: dict[str, list[Run]] = {mode: [] for mode in MODES}
+            for rep in range(plan.repeats):
+                for mode in MODES:
+                    r = _measure(plan, size, data, Path(tmp) / f"{size.name}-{mode}-{rep}", mode)
+                    runs[mode].append(r)
+                    log(f"  {size.name} ({r.params / 1e6:.1f} M) {mode}: {r.step_s:.4f} s/step, {r.peak_rss_mb} MB")
+            sizes.append(_summary(size, runs))
+    ratios = [s["ratio_fast"] for s in sizes if s["ratio_fast"] is not None]
+    rss_ratios = [s["rss_ratio_fast"] for s in sizes if s["rss_ratio_fast"] is not None]
+    return {
+        "ranks": plan.ranks,
+        "workload": (
+            f"char-LM (examples/char_model.py), global batch {plan.global_batch}, micro-batch {plan.micro_batch} "
+            f"x 64 characters, AdamW, gloo; steady state after {plan.warmup} steps; median of {plan.repeats} runs"
+        ),
+        "sizes": sizes,
+        "max_ratio_fast": max(ratios, default=None),
+        "max_rss_ratio_fast": max(rss_ratios, default=None),
+        "elapsed_s": round(time.monotonic() - started, 1),
+    }

@@ -1,0 +1,242 @@
+"""Test doubles shipped with the worker library: ranks as threads of one process, and a process group
+that fails a chosen collective. Everything else is real: the coordinator, control connections, stores,
+gloo groups, state transfers. Recovery logic is tested in seconds without starting a process.
+
+    job = ThreadJob(train, nodes=3, faults=[GroupFault("t2:0:0", generation=1, nth=4, action="die")])
+    results = job.run()
+
+`train(env, ports)` builds a model and an ElasticJob with `env=env, ports=ports`, trains and returns what
+the test compares. A rank that "dies" leaves as a SIGKILLed process does: its control connection closes
+and its group is abandoned, with nothing said first.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from slurm_elastic.coordinator import CoordinatorThread
+from slurm_elastic.coordinator.config import CoordinatorConfig
+from slurm_elastic.faults import FaultInjector, FaultPlan
+from slurm_elastic.wire.channel import new_secret
+from slurm_elastic.worker.comm import CollectiveFailed, Group, Interrupt
+from slurm_elastic.worker.control import ControlClient, Identity
+from slurm_elastic.worker.env import WorkerEnv
+from slurm_elastic.worker.ports import Control, Ports
+
+
+class RankDied(BaseException):
+    """Raised in a thread rank to end it abruptly (a BaseException: the library must not catch it)."""
+
+
+@dataclass(frozen=True)
+class GroupFault:
+    """In `worker`'s group of `generation`, its `nth` collective (counting from 1) fails.
+
+    "raise": the collective raises, the rank lives on (a broken connection); "die": the rank dies as it
+    starts the collective; "die_after": it dies once the collective completed (its sum is done).
+    """
+
+    worker: str
+    generation: int
+    nth: int
+    action: Literal["raise", "die", "die_after"] = "die"
+
+
+class FaultyGroup(Group):
+    """A Group whose `nth` collective fails as its GroupFault says."""
+
+    def __init__(self, inner: Group, fault: GroupFault) -> None:
+        super().__init__(inner.pg, inner.rank, inner.world, inner.generation, inner.interrupt)
+        self._fault = fault
+        self._count = 0
+
+    def _next(self) -> bool:
+        self._count += 1
+        if self._count != self._fault.nth:
+            return False
+        if self._fault.action == "raise":
+            raise CollectiveFailed(f"injected failure of collective {self._count} in generation {self.generation}")
+        if self._fault.action == "die":
+            raise RankDied(f"died at collective {self._count} of generation {self.generation}")
+        return True
+
+    def launch_allreduce(self, tensor: torch.Tensor) -> Callable[[], None]:
+        die_after = self._next()
+        wait = super().launch_allreduce(tensor)
+        if not die_after:
+            return wait
+
+        def wait_then_die() -> None:
+            wait()
+            raise RankDied(f"died after collective {self._fault.nth} of generation {self.generation}")
+
+        return wait_then_die
+
+    def allreduce_(self, tensor: torch.Tensor) -> None:
+        die_after = self._next()
+        super().allreduce_(tensor)
+        if die_after:
+            raise RankDied(f"died after collective {self._fault.nth} of generation {self.generation}")
+
+    def allgather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
+        die_after = self._next()
+        out = super().allgather(tensor)
+        if die_after:
+            raise RankDied(f"died after collective {self._fault.nth} of generation {self.generation}")
+        return out
+
+
+@dataclass
+class _Handles:
+    """What a thread rank holds that a process's death would close: its control connection and group."""
+
+    control: Control | None = None
+    group: Group | None = None
+
+    def close(self) -> None:
+        if self.group is not None:
+            self.group.abandon()
+        if self.control is not None:
+            self.control.close()
+
+
+def _ports(worker: str, node: str, faults: list[GroupFault], handles: _Handles) -> Ports:
+    mine = {f.generation: f for f in faults if f.worker == worker}
+
+    def form(*args: Any, **kwargs: Any) -> Group:
+        group = Group.form(*args, **kwargs)
+        fault = mine.get(group.generation)
+        handles.group = FaultyGroup(group, fault) if fault is not None else group
+        return handles.group
+
+    def control(address: str, secret: str, identity: Identity, interrupt: Interrupt) -> Control:
+        handles.control = ControlClient(address, secret, identity, interrupt)
+        return handles.control
+
+    return Ports(control=control, groups=form, faults=FaultInjector(FaultPlan(), node, 0, 0), process_hooks=False)
+
+
+@dataclass
+class RankResult:
+    worker: str
+    value: Any = None  # what train() returned
+    ending: str | None = None  # how a JobEnded ended it ("left", "stopped", ...)
+    code: int | None = None
+    died: bool = False
+    error: BaseException | None = None
+
+
+@dataclass
+class ThreadJob:
+    """A job whose ranks are threads of this process, around a real coordinator."""
+
+    train: Callable[[WorkerEnv, Ports], Any]
+    nodes: int
+    faults: list[GroupFault] = field(default_factory=list)
+    reduce_dtype: str = "float64"
+    ledger_dir: Path | None = None
+    heartbeat_interval_s: float = 0.2
+    lease_timeout_s: float = 5.0
+    pg_timeout_s: float = 20.0
+
+    def __post_init__(self) -> None:
+        self.secret = new_secret()
+        config = CoordinatorConfig(
+            job_id="threads",
+            secret=self.secret,
+            expected_workers=self.nodes,
+            heartbeat_interval_s=self.heartbeat_interval_s,
+            lease_timeout_s=self.lease_timeout_s,
+            hang_timeout_s=60.0,
+            pg_timeout_s=self.pg_timeout_s,
+            backend="gloo",
+            progress_interval_s=1e9,
+        )
+        self.coordinator = CoordinatorThread(config).start()
+        self.results: dict[str, RankResult] = {}
+        self._threads: list[threading.Thread] = []
+        self._next = 1
+
+    def env(self, node: str) -> WorkerEnv:
+        return WorkerEnv(
+            coordinator=self.coordinator.address,
+            secret=self.secret,
+            job_id="threads",
+            node=node,
+            local_rank=0,
+            worker_id=f"{node}:0:0",
+            incarnation=0,
+            run=0,
+            ledger_dir=self.ledger_dir,
+            checkpoint_dir=None,
+            checkpoint_every=0,
+            checkpoint_background=False,
+            faults=FaultPlan(),
+            reduce_dtype=self.reduce_dtype,
+            prefetch=2,
+        )
+
+    def add_rank(self) -> str:
+        node = f"t{self._next}"
+        self._next += 1
+        env = self.env(node)
+        handles = _Handles()
+        ports = _ports(env.worker_id, node, self.faults, handles)
+        result = self.results[env.worker_id] = RankResult(env.worker_id)
+        thread = threading.Thread(
+            target=self._rank, args=(env, ports, handles, result), name=f"rank-{node}", daemon=True
+        )
+        self._threads.append(thread)
+        thread.start()
+        return env.worker_id
+
+    def _rank(self, env: WorkerEnv, ports: Ports, handles: _Handles, result: RankResult) -> None:
+        from slurm_elastic.worker.job import JobEnded
+
+        try:
+            result.value = self.train(env, ports)
+        except RankDied:
+            result.died = True
+        except JobEnded as ended:
+            result.ending, result.code = ended.ending.kind, ended.ending.code
+        except BaseException as exc:  # reported to the test
+            result.error = exc
+        finally:
+            handles.close()  # what the kernel does when a process ends
+
+    def start(self) -> ThreadJob:
+        for _ in range(self.nodes):
+            self.add_rank()
+        return self
+
+    def wait_step(self, step: int, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while self.coordinator.view().last_step < step:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"thread job: step {step} not reached ({self.coordinator.view().reason})")
+            time.sleep(0.01)
+
+    def join(self, timeout: float = 120.0) -> dict[str, RankResult]:
+        deadline = time.monotonic() + timeout
+        for thread in self._threads:
+            thread.join(max(0.1, deadline - time.monotonic()))
+        alive = [t.name for t in self._threads if t.is_alive()]
+        if alive:
+            raise TimeoutError(f"thread job: ranks still running after {timeout} s: {alive}")
+        return self.results
+
+    def run(self, timeout: float = 120.0) -> dict[str, RankResult]:
+        try:
+            return self.start().join(timeout)
+        finally:
+            self.stop()
+
+    def stop(self) -> None:
+        self.coordinator.stop()
