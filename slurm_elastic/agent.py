@@ -22,6 +22,7 @@ import structlog
 from slurm_elastic.decide.failures import restart_decision
 from slurm_elastic.errors import ElasticError
 from slurm_elastic.lineage import become_subreaper, die_with_parent, kill_adopted, reap_adopted
+from slurm_elastic.nodecache import remove_job_cache
 from slurm_elastic.wire.channel import Channel, connect
 from slurm_elastic.wire.messages import (
     Ack,
@@ -248,6 +249,7 @@ class Agent:
                 reap_adopted(self._workers())
                 self._lock.wait(0.2)
         self._terminate_workers()
+        remove_job_cache({**os.environ, "SLURM_ELASTIC_JOB_ID": self.config.job_id})  # the workers' data copies
         code = self._exit_code()  # before closing: the reader thread takes a closed channel for a lost coordinator
         if self._channel is not None:
             self._channel.close()

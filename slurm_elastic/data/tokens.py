@@ -15,6 +15,7 @@ from torch.utils.data import Dataset
 
 from slurm_elastic.data._format import TOKENS_FILE, read_meta
 from slurm_elastic.errors import DataError
+from slurm_elastic.nodecache import node_local
 
 __all__ = ["TokenDataset"]
 
@@ -55,9 +56,10 @@ class TokenDataset(Dataset[tuple[torch.Tensor, torch.Tensor]]):
 
     @property
     def tokens(self) -> npt.NDArray[np.unsignedinteger[Any]]:
-        """The whole token stream, memory-mapped read-only."""
+        """The whole token stream, memory-mapped read-only (inside a job: its copy in the node's shared
+        memory, made by the node's first worker, so later workers do not read storage again)."""
         if self._tokens is None:
-            self._tokens = np.memmap(self.path / TOKENS_FILE, dtype=self._dtype, mode="r")
+            self._tokens = np.memmap(node_local(self.path / TOKENS_FILE), dtype=self._dtype, mode="r")
         return self._tokens
 
     def __len__(self) -> int:

@@ -24,6 +24,7 @@ from slurm_elastic.coordinator.server import PublicView
 from slurm_elastic.errors import ElasticError
 from slurm_elastic.faults import FaultPlan
 from slurm_elastic.jobdir import JobHandle, job_dir, new_local_job_id
+from slurm_elastic.nodecache import remove_job_cache
 from slurm_elastic.wire.channel import new_secret
 
 
@@ -170,6 +171,7 @@ class LocalJob:
                 proc.wait(timeout=10)
         if self.coordinator is not None:
             self.coordinator.stop()
+        remove_job_cache({**os.environ, "SLURM_ELASTIC_JOB_ID": self.job_id})  # agents killed above left it
         for fh in self._logs:
             fh.close()
         with contextlib.suppress(FileNotFoundError):
