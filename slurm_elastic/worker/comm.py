@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import os
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -118,7 +119,7 @@ def _wait_work(work: Any, interrupt: Interrupt, what: str) -> None:
     if not interrupt.wait(waiter):
         raise Interrupted(what)
     try:
-        future.value()
+        work.wait()  # done already; raises its error, and on NCCL orders this stream after the collective's
     except Exception as exc:
         raise CollectiveFailed(f"{what}: {exc}") from exc
 
@@ -141,6 +142,13 @@ class Group:
         self.generation = generation
         self.interrupt = interrupt
 
+    @property
+    def device(self) -> torch.device:
+        """Where this group's tensors must live: the current GPU for NCCL, else the CPU."""
+        if self.pg is not None and self.pg.name() == "nccl":
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
+
     @classmethod
     def form(
         cls,
@@ -161,6 +169,9 @@ class Group:
 
         def make() -> Any:
             if backend == "nccl":
+                # The library aborts a failed generation's communicator itself; NCCL's watchdog must not
+                # tear the whole process down when it sees that (its default since torch 2.2).
+                os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "0")
                 opts = dist.ProcessGroupNCCL.Options()
                 opts._timeout = timeout
                 return dist.ProcessGroupNCCL(scoped, rank, world, opts)

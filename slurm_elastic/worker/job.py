@@ -366,9 +366,9 @@ class ElasticJob:
         """Leave only once every member holds the final step (a failed barrier heals the laggards first)."""
         while not self._runtime.standalone:
             try:
-                done = torch.tensor([float(self.step)], dtype=torch.float64)
-                if self._runtime.group:
-                    self._runtime.group.allreduce_(done)
+                group = self._runtime.group
+                if group:
+                    group.allreduce_(torch.tensor([float(self.step)], dtype=torch.float64, device=group.device))
                 break
             except (Interrupted, CollectiveFailed):
                 self._recover(patient=False)

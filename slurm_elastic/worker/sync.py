@@ -30,7 +30,7 @@ class SyncResult:
 
 
 def exchange_views(group: Group, committed_step: int, fp: tuple[float, float]) -> list[PeerState]:
-    mine = torch.tensor([float(committed_step), fp[0], fp[1]], dtype=torch.float64)
+    mine = torch.tensor([float(committed_step), fp[0], fp[1]], dtype=torch.float64, device=group.device)
     views = group.allgather(mine)
     return [PeerState(r, int(v[0].item()), (v[1].item(), v[2].item())) for r, v in enumerate(views)]
 
@@ -57,7 +57,7 @@ def synchronize(
         layout = layout_of(snap.tensors)
         if rank == plan.sources[0]:
             store.set(meta_key, json.dumps({"meta": snap.meta, "layout": layout.to_json()}))
-        buf = pack(snap.tensors, layout)
+        buf = pack(snap.tensors, layout, device=group.device)
         sends = []
         for s in plan.sends_from(rank):
             lo, hi = chunk_bounds(layout.total, plan.n_chunks, s.chunk)
@@ -68,12 +68,12 @@ def synchronize(
     raw = run_interruptibly(lambda: store.get(meta_key), group.interrupt, "state layout")
     published = json.loads(raw)
     layout = Layout.from_json(published["layout"])
-    buf = torch.empty(layout.total, dtype=torch.uint8)
+    buf = torch.empty(layout.total, dtype=torch.uint8, device=group.device)
     recvs = []
     for s in plan.sends_to(rank):
         lo, hi = chunk_bounds(layout.total, plan.n_chunks, s.chunk)
         if hi > lo:
             recvs.append((buf[lo:hi], s.src, s.chunk))
     group.exchange([], recvs)
-    snap = Snapshot(published["meta"], unpack(buf, layout))
+    snap = Snapshot(published["meta"], unpack(buf.cpu(), layout))  # RNG states must be CPU tensors
     return SyncResult(plan, snap, layout.total, time.monotonic() - started)
