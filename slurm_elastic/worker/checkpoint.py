@@ -14,10 +14,14 @@ import re
 import threading
 from pathlib import Path
 
+import structlog
 import torch
 
 from slurm_elastic.errors import ElasticError
+from slurm_elastic.worker.replica import Replica
 from slurm_elastic.worker.state import Snapshot
+
+log = structlog.get_logger("slurm_elastic.worker")
 
 _NAME = re.compile(r"^step-(\d{9})\.pt$")
 FORMAT = 1
@@ -90,3 +94,32 @@ class CheckpointWriter:
                 old.unlink(missing_ok=True)
         except Exception as exc:  # reported by the caller; a failed DR checkpoint must not stop training
             self.last_error = exc
+
+
+class DisasterRecovery:
+    """One worker's disaster-recovery checkpoints: loaded when the job (re)starts, written by rank 0 every
+    `every` steps in the background, and at once when the job is suspended or finishes."""
+
+    def __init__(self, directory: Path, every: int, background: bool) -> None:
+        self.directory = directory
+        self.every = every
+        self.writer = CheckpointWriter(directory, background=background)
+
+    def load_into(self, replica: Replica) -> bool:
+        found = load_latest(self.directory)
+        if found is None:
+            return False
+        replica.restore(found[1])
+        log.info("resumed_from_checkpoint", step=replica.step, directory=str(self.directory))
+        return True
+
+    def save_now(self, replica: Replica) -> None:
+        self.writer.save(replica.step, replica.capture())
+        self.writer.wait()
+
+    def after_commit(self, replica: Replica, rank: int) -> None:
+        if self.every and rank == 0 and replica.step % self.every == 0:
+            self.writer.save(replica.step, replica.capture())
+
+    def close(self) -> None:
+        self.writer.wait()

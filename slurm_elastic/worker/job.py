@@ -40,7 +40,7 @@ from slurm_elastic.errors import ConfigError, ElasticError, JobFailed
 from slurm_elastic.faults import FaultInjector
 from slurm_elastic.ledger import LedgerWriter
 from slurm_elastic.wire.messages import AtBoundary, Committed, Finished, Phase
-from slurm_elastic.worker.checkpoint import CheckpointWriter, load_latest
+from slurm_elastic.worker.checkpoint import DisasterRecovery
 from slurm_elastic.worker.comm import CollectiveFailed, Interrupt, Interrupted
 from slurm_elastic.worker.env import WorkerEnv, worker_env
 from slurm_elastic.worker.ports import Ports
@@ -132,7 +132,9 @@ class ElasticJob:
         self._started = False
         self._ledger: LedgerWriter | None = None  # opened once the job's run number is known
         ckpt = self.env.checkpoint_dir
-        self._checkpoints = CheckpointWriter(ckpt, background=self.env.checkpoint_background) if ckpt else None
+        self._checkpoints = (
+            DisasterRecovery(ckpt, self.env.checkpoint_every, self.env.checkpoint_background) if ckpt else None
+        )
         self._runtime.checkpoints = self._checkpoints is not None
         if self._faults.armed:
             self._install_fault_hooks()
@@ -211,7 +213,7 @@ class ElasticJob:
     def close(self) -> None:
         self._prefetch.close()
         if self._checkpoints:
-            self._checkpoints.wait()
+            self._checkpoints.close()
         if self._ledger:
             self._ledger.close()
             self._ledger = None
@@ -297,7 +299,8 @@ class ElasticJob:
                     time=time.time(),
                 )
             )
-        self._maybe_checkpoint()
+        if self._checkpoints:
+            self._checkpoints.after_commit(self._replica, self.rank)
         self._boundary_due = change_wanted
 
     # --- generations ----------------------------------------------------------------------------------
@@ -309,15 +312,16 @@ class ElasticJob:
         env = self.env
         if env.standalone:
             self._open_ledger(env.run)
-            self._load_checkpoint()
+            if self._checkpoints:
+                self._checkpoints.load_into(self._replica)
             self._replica.fresh = False
             self._runtime.solo()
             self._entered()
             return
         settings = self._runtime.register(-1)
         self._open_ledger(settings.run)
-        if settings.load_checkpoint:  # the job (re)starts: its state may be on disk; a joiner's never is
-            self._load_checkpoint()
+        if settings.load_checkpoint and self._checkpoints:  # the job (re)starts; a joiner's state is never on disk
+            self._checkpoints.load_into(self._replica)
         if self._ports.process_hooks:
             self._process.install()
         self._recover(patient=True)
@@ -375,40 +379,18 @@ class ElasticJob:
         self.set_phase("done")
         self._runtime.send(Finished(generation=self.generation, step=self.step))
         if self._checkpoints:
-            self._save_checkpoint()
+            self._checkpoints.save_now(self._replica)
         self.close()
 
     def _end(self, ending: decide.Ending) -> NoReturn:
         """The one way a worker's process ends (see the module's docstring)."""
-        if ending.save_checkpoint:
-            self._save_checkpoint()  # a suspended job resumes from here
+        if ending.save_checkpoint and self._checkpoints:
+            self._checkpoints.save_now(self._replica)  # a suspended job resumes from here
         log_at = log.error if ending.code else log.info
         log_at("worker_ending", worker=self.env.worker_id, kind=ending.kind, reason=ending.reason, step=self.step)
         self.close()
         self._process.exit_code = ending.code
         raise JobEnded(ending)
-
-    # --- disaster-recovery checkpoints ---------------------------------------------------------------
-
-    def _load_checkpoint(self) -> bool:
-        if self.env.checkpoint_dir is None:
-            return False
-        found = load_latest(self.env.checkpoint_dir)
-        if found is None:
-            return False
-        self._replica.restore(found[1])
-        log.info("resumed_from_checkpoint", step=self.step, directory=str(self.env.checkpoint_dir))
-        return True
-
-    def _save_checkpoint(self) -> None:
-        assert self._checkpoints is not None
-        self._checkpoints.save(self.step, self._replica.capture())
-        self._checkpoints.wait()
-
-    def _maybe_checkpoint(self) -> None:
-        every = self.env.checkpoint_every
-        if self._checkpoints and every and self.rank == 0 and self.step % every == 0:
-            self._checkpoints.save(self.step, self._replica.capture())
 
     # --- faults ---------------------------------------------------------------------------------------
 
