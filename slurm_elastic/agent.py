@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import structlog
 
 from slurm_elastic.decide.failures import restart_decision
-from slurm_elastic.errors import ElasticError
+from slurm_elastic.errors import ElasticError, InvalidMessage
 from slurm_elastic.lineage import become_subreaper, die_with_parent, kill_adopted, reap_adopted
 from slurm_elastic.nodecache import remove_job_cache
 from slurm_elastic.wire.channel import Channel, connect
@@ -156,6 +156,9 @@ class Agent:
         while True:
             try:
                 message = self._channel.recv()
+            except InvalidMessage:
+                log.warning("message_dropped", node=self.config.node)
+                continue  # one bad frame costs that frame, not the connection
             except (OSError, ConnectionError, ElasticError):
                 with self._lock:
                     if self._stop is None:

@@ -15,6 +15,10 @@ class ProtocolError(ElasticError):
     """A control message was malformed, too large or out of order."""
 
 
+class InvalidMessage(ProtocolError):
+    """One whole frame that is not a valid message: the frame is dropped, the connection stays usable."""
+
+
 class AuthError(ProtocolError):
     """A control connection did not prove that it holds the job's secret."""
 

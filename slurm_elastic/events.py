@@ -24,6 +24,7 @@ class EventLog:
         self.path = path
         self._recent: deque[dict[str, Any]] = deque(maxlen=keep)
         self._lock = threading.Lock()
+        self._failing = False  # the last write to the file failed (reported once until one succeeds)
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
 
@@ -31,12 +32,28 @@ class EventLog:
         record = {"event": kind, "job": self.job_id, "time": round(time.time(), 4), **fields}
         with self._lock:
             self._recent.append(record)
-            if self.path is not None:
-                with open(self.path, "a") as fh:
-                    fh.write(json.dumps(record, default=str) + "\n")
+            failure = self._append(record)
+            if failure is not None:  # a full disk must not stop the caller (the coordinator's ticker, say)
+                self._recent.append({"event": "events_write_failed", "job": self.job_id, **failure})
         if not quiet:
             log.info(kind, job=self.job_id, **fields)
+        if failure is not None:
+            log.error("events_write_failed", job=self.job_id, **failure)
         return record
+
+    def _append(self, record: dict[str, Any]) -> dict[str, Any] | None:
+        """Append to the file; the first failure of a run of failures is returned, to be reported once."""
+        if self.path is None:
+            return None
+        try:
+            with open(self.path, "a") as fh:
+                fh.write(json.dumps(record, default=str) + "\n")
+        except OSError as exc:
+            first = not self._failing
+            self._failing = True
+            return {"path": str(self.path), "error": str(exc), "lost": record["event"]} if first else None
+        self._failing = False
+        return None
 
     def recent(self, n: int = 50) -> list[dict[str, Any]]:
         with self._lock:

@@ -18,28 +18,46 @@ from pathlib import Path
 
 import numpy as np
 
+from slurm_elastic.errors import ElasticError
+
 ENV_VAR = "SLURM_ELASTIC_LEDGER_DIR"
+
+
+class LedgerError(ElasticError):
+    """A ledger record could not be written whole."""
 
 
 class LedgerWriter:
     def __init__(self, directory: Path, worker_id: str, run: int) -> None:
         directory.mkdir(parents=True, exist_ok=True)
         safe = re.sub(r"[^A-Za-z0-9_.-]", "_", worker_id)
-        self._fd = os.open(directory / f"{safe}.jsonl", os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+        self.path = directory / f"{safe}.jsonl"
+        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
         end = os.fstat(self._fd).st_size
         if end and os.pread(self._fd, 1, end - 1) != b"\n":
             os.write(self._fd, b"\n")  # end a line torn by a SIGKILL in an earlier run of this worker id
         self._run = run
         self._worker = worker_id
 
-    def _write(self, record: dict[str, object]) -> None:
-        os.write(self._fd, (json.dumps(record, separators=(",", ":")) + "\n").encode())
+    def _write(self, record: dict[str, object], *, sync: bool = False) -> None:
+        data = (json.dumps(record, separators=(",", ":")) + "\n").encode()
+        try:
+            while data:
+                written = os.write(self._fd, data)
+                if written <= 0:
+                    raise LedgerError(f"ledger {self.path}: a write of {len(data)} bytes wrote nothing")
+                data = data[written:]  # a short write is finished, never left as a gap
+            if sync:
+                os.fsync(self._fd)
+        except OSError as exc:
+            raise LedgerError(f"ledger {self.path}: {exc.strerror or exc}") from exc
 
     def contribute(self, generation: int, step: int, ranges: list[tuple[int, int]]) -> None:
         self._write({"run": self._run, "g": generation, "s": step, "w": self._worker, "p": ranges})
 
     def commit(self, generation: int, step: int, cursor: int) -> None:
-        self._write({"run": self._run, "g": generation, "c": step, "cur": cursor})
+        """The step's commit record, on disk (fsynced) before the next step starts."""
+        self._write({"run": self._run, "g": generation, "c": step, "cur": cursor}, sync=True)
 
     def close(self) -> None:
         os.close(self._fd)

@@ -14,6 +14,7 @@ import hashlib
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,13 +25,14 @@ from slurm_elastic.coordinator.config import CoordinatorConfig
 from slurm_elastic.decide import membership as m
 from slurm_elastic.decide.failures import identical_failure_verdict, record_failure
 from slurm_elastic.decide.health import Liveness, find_unresponsive
-from slurm_elastic.errors import AuthError, ProtocolError
+from slurm_elastic.errors import AuthError, InvalidMessage, ProtocolError
 from slurm_elastic.events import EventLog
 from slurm_elastic.wire import messages as msg
 from slurm_elastic.wire.channel import accept_handshake, read_message, write_message
 
 log = structlog.get_logger("slurm_elastic.coordinator")
 TICK_S = 0.1
+_RESERVED_FIELDS = frozenset({"event", "job", "time", "worker", "quiet", "kind"})  # set by the coordinator
 
 
 @dataclass
@@ -191,12 +193,13 @@ class Coordinator:
         self._feed(m.Joined(m.Worker(wid, reg.node, reg.local_rank, reg.committed_step)))
         try:
             while True:
-                message = await read_message(reader)
+                message = await self._next_message(reader, wid)
                 peer = self.workers.get(wid)
                 if peer is None:
                     return
                 peer.last_seen = time.monotonic()
-                self._on_worker_message(wid, peer, message)
+                if message is not None:
+                    self._handle(self._on_worker_message, wid, peer, message)
         finally:
             if self.workers.get(wid) is not None and self.workers[wid].writer is writer:
                 del self.workers[wid]
@@ -237,24 +240,10 @@ class Coordinator:
         self.events.emit("node_registered", node=node, host=reg.host, nproc=reg.nproc, slurm_job=reg.slurm_job_id)
         try:
             while True:
-                message = await read_message(reader)
+                message = await self._next_message(reader, f"agent {node}")
                 self.agents[node].last_seen = time.monotonic()
-                match message:
-                    case msg.WorkerExited():
-                        self.events.emit(
-                            "worker_exited",
-                            worker=message.worker_id,
-                            node=node,
-                            returncode=message.returncode,
-                            will_restart=message.will_restart,
-                        )
-                        self._lose_worker(message.worker_id, f"exited with {message.returncode}")
-                    case msg.DrainRequest():
-                        self._on_drain(message)
-                    case msg.Heartbeat():
-                        pass
-                    case _:
-                        raise ProtocolError(f"unexpected {message.type!r} from agent {node}")
+                if message is not None:
+                    self._handle(self._on_agent_message, node, message)
         finally:
             if self.agents.get(node) is not None and self.agents[node].writer is writer:
                 del self.agents[node]
@@ -263,6 +252,39 @@ class Coordinator:
                     self.events.emit("node_lost", node=node, workers=list(lost))
                 for w in lost:
                     self._lose_worker(w, f"agent of node {node} lost")
+
+    def _on_agent_message(self, node: str, message: msg.Message) -> None:
+        match message:
+            case msg.WorkerExited():
+                self.events.emit(
+                    "worker_exited",
+                    worker=message.worker_id,
+                    node=node,
+                    returncode=message.returncode,
+                    will_restart=message.will_restart,
+                )
+                self._lose_worker(message.worker_id, f"exited with {message.returncode}")
+            case msg.DrainRequest():
+                self._on_drain(message)
+            case msg.Heartbeat():
+                pass
+            case _:
+                raise ProtocolError(f"unexpected {message.type!r} from agent {node}")
+
+    async def _next_message(self, reader: asyncio.StreamReader, sender: str) -> msg.Message | None:
+        """The next message, or None for a whole frame that is not a valid one (dropped, with an event)."""
+        try:
+            return await read_message(reader)
+        except InvalidMessage as exc:
+            self.events.emit("message_dropped", sender=sender, reason=str(exc))
+            return None
+
+    def _handle(self, act: Callable[..., None], sender: str, *args: Any) -> None:
+        """Act on one authenticated message; one that cannot be acted on is dropped, never the connection."""
+        try:
+            act(sender, *args)
+        except Exception as exc:  # a bad message must cost that message, not the worker or the coordinator
+            self.events.emit("message_dropped", sender=sender, reason=f"{type(exc).__name__}: {exc}"[:500])
 
     def _lose_worker(self, wid: str, cause: str) -> None:
         peer = self.workers.pop(wid, None)
@@ -331,7 +353,7 @@ class Coordinator:
         return round(samples / (commits[-1].worker_time - commits[0].worker_time), 1)
 
     def _on_worker_event(self, wid: str, e: msg.WorkerEvent) -> None:
-        fields = dict(e.fields)
+        fields = {k: v for k, v in e.fields.items() if k not in _RESERVED_FIELDS}
         if e.kind == "generation_ready":
             last = self._view.last_step
             resume = int(fields.get("resume_step", last))

@@ -18,7 +18,7 @@ import threading
 
 from pydantic import BaseModel, ValidationError
 
-from slurm_elastic.errors import AuthError, ProtocolError
+from slurm_elastic.errors import AuthError, InvalidMessage, ProtocolError
 from slurm_elastic.wire.messages import Challenge, Hello, Message, Refused, Role, Welcome, parse_message
 
 MAX_FRAME = 4 * 1024 * 1024
@@ -46,7 +46,7 @@ def decode_body(body: bytes) -> Message:
         return parse_message(body)
     except ValidationError as exc:
         first = exc.errors()[0]
-        raise ProtocolError(f"invalid control message: {first['msg']} at {first['loc']}") from None
+        raise InvalidMessage(f"invalid control message: {first['msg']} at {first['loc']}") from None
 
 
 def _check_length(length: int) -> int:

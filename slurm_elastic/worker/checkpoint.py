@@ -8,11 +8,14 @@ the file is written. Files are written under a temporary name and renamed, and l
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import structlog
 import torch
@@ -23,6 +26,7 @@ from slurm_elastic.worker.state import Snapshot
 
 log = structlog.get_logger("slurm_elastic.worker")
 
+Report = Callable[[str, dict[str, Any]], None]
 _NAME = re.compile(r"^step-(\d{9})\.pt$")
 FORMAT = 1
 
@@ -42,16 +46,19 @@ def list_checkpoints(directory: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
-def load_latest(directory: Path) -> tuple[int, Snapshot] | None:
+def load_latest(directory: Path, on_skip: Callable[[Path, str], None] | None = None) -> tuple[int, Snapshot] | None:
+    """The newest readable checkpoint; each unreadable newer one is passed to `on_skip(path, error)`."""
     for step, path in reversed(list_checkpoints(directory)):
         try:
             data = torch.load(path, map_location="cpu", weights_only=True)
-            if data.get("format") != FORMAT:
-                raise CheckpointError(f"{path}: format {data.get('format')!r}, expected {FORMAT}")
+            if not isinstance(data, dict) or data.get("format") != FORMAT:
+                found = data.get("format") if isinstance(data, dict) else type(data).__name__
+                raise CheckpointError(f"format {found!r}, expected {FORMAT}")
             return step, Snapshot(json.loads(data["meta"]), list(data["tensors"]))
-        except (OSError, RuntimeError, KeyError, ValueError) as exc:
+        except Exception as exc:  # torch.load of a torn file raises almost anything
             # A torn or corrupt file (e.g. the node died mid-write) must not block recovery: try older ones.
-            print(f"slurm-elastic: skipping unreadable checkpoint {path}: {exc}", flush=True)
+            if on_skip is not None:
+                on_skip(path, str(exc)[:500])
     return None
 
 
@@ -78,11 +85,16 @@ class CheckpointWriter:
             self._thread.join()
             self._thread = None
 
+    def take_error(self) -> BaseException | None:
+        """The error of the last write, if it failed (once: it is cleared)."""
+        error, self.last_error = self.last_error, None
+        return error
+
     def _write(self, step: int, snap: Snapshot) -> None:
+        final = _path(self.directory, step)
+        tmp = final.with_suffix(f".tmp{os.getpid()}")
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
-            final = _path(self.directory, step)
-            tmp = final.with_suffix(f".tmp{os.getpid()}")
             payload = {"format": FORMAT, "step": step, "meta": json.dumps(snap.meta), "tensors": snap.tensors}
             with open(tmp, "wb") as fh:
                 torch.save(payload, fh)
@@ -94,19 +106,23 @@ class CheckpointWriter:
                 old.unlink(missing_ok=True)
         except Exception as exc:  # reported by the caller; a failed DR checkpoint must not stop training
             self.last_error = exc
+            with contextlib.suppress(OSError):
+                tmp.unlink()  # a partial file would only fill the disk further
 
 
 class DisasterRecovery:
     """One worker's disaster-recovery checkpoints: loaded when the job (re)starts, written by rank 0 every
     `every` steps in the background, and at once when the job is suspended or finishes."""
 
-    def __init__(self, directory: Path, every: int, background: bool) -> None:
+    def __init__(self, directory: Path, every: int, background: bool, report: Report) -> None:
         self.directory = directory
         self.every = every
         self.writer = CheckpointWriter(directory, background=background)
+        self.report = report  # kind, fields: one event each (a failed write is never silent)
 
     def load_into(self, replica: Replica) -> bool:
-        found = load_latest(self.directory)
+        skipped = lambda path, error: self.report("checkpoint_skipped", {"path": str(path), "error": error})  # noqa: E731
+        found = load_latest(self.directory, on_skip=skipped)
         if found is None:
             return False
         replica.restore(found[1])
@@ -114,12 +130,22 @@ class DisasterRecovery:
         return True
 
     def save_now(self, replica: Replica) -> None:
+        self._check()
         self.writer.save(replica.step, replica.capture())
         self.writer.wait()
+        self._check()
 
     def after_commit(self, replica: Replica, rank: int) -> None:
         if self.every and rank == 0 and replica.step % self.every == 0:
+            self._check()  # the previous background write
             self.writer.save(replica.step, replica.capture())
 
     def close(self) -> None:
         self.writer.wait()
+        self._check()
+
+    def _check(self) -> None:
+        error = self.writer.take_error()
+        if error is not None:
+            fields = {"directory": str(self.directory), "error": f"{type(error).__name__}: {error}"[:500]}
+            self.report("checkpoint_failed", fields)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel
 
+from slurm_elastic.errors import InvalidMessage
 from slurm_elastic.wire.channel import Channel, connect
 from slurm_elastic.wire.messages import (
     Assign,
@@ -143,6 +144,8 @@ class ControlClient:
         while not self._closed.is_set():
             try:
                 msg = self._channel.recv()
+            except InvalidMessage:
+                continue  # one bad frame costs that frame, not the connection
             except (OSError, ConnectionError, ValueError):
                 self._on_lost()
                 return

@@ -38,8 +38,8 @@ from slurm_elastic.decide.batching import (
 )
 from slurm_elastic.errors import ConfigError, ElasticError, JobFailed
 from slurm_elastic.faults import FaultInjector
-from slurm_elastic.ledger import LedgerWriter
-from slurm_elastic.wire.messages import AtBoundary, Committed, Finished, Phase
+from slurm_elastic.ledger import LedgerError, LedgerWriter
+from slurm_elastic.wire.messages import AtBoundary, Committed, Finished, Phase, WorkerEvent
 from slurm_elastic.worker.checkpoint import DisasterRecovery
 from slurm_elastic.worker.comm import CollectiveFailed, Interrupt, Interrupted
 from slurm_elastic.worker.env import WorkerEnv, worker_env
@@ -133,7 +133,9 @@ class ElasticJob:
         self._ledger: LedgerWriter | None = None  # opened once the job's run number is known
         ckpt = self.env.checkpoint_dir
         self._checkpoints = (
-            DisasterRecovery(ckpt, self.env.checkpoint_every, self.env.checkpoint_background) if ckpt else None
+            DisasterRecovery(ckpt, self.env.checkpoint_every, self.env.checkpoint_background, self._report)
+            if ckpt
+            else None
         )
         self._runtime.checkpoints = self._checkpoints is not None
         if self._faults.armed:
@@ -241,7 +243,22 @@ class ElasticJob:
     def _contribute(self, step: Step) -> None:
         # On record before any sum starts: a peer may commit the step with this rank's samples in it.
         if self._ledger:
-            self._ledger.contribute(self.generation, step.number, step.ranges)
+            self._ledger_write(lambda ledger: ledger.contribute(self.generation, step.number, step.ranges))
+
+    def _ledger_write(self, write: Callable[[LedgerWriter], None]) -> None:
+        """A ledger that cannot be written (a full disk) is reported once and closed; training goes on."""
+        assert self._ledger is not None
+        try:
+            write(self._ledger)
+        except LedgerError as exc:
+            self._report("ledger_failed", {"error": str(exc), "step": self.step})
+            self._ledger.close()
+            self._ledger = None
+
+    def _report(self, kind: str, fields: dict[str, Any]) -> None:
+        """One structured event about this worker, through the coordinator (and this process's log)."""
+        log.warning(kind, worker=self.env.worker_id, **fields)
+        self._runtime.send(WorkerEvent(kind=kind, fields=fields))  # the coordinator adds the worker's id
 
     def _load_batch(self, start: int, size: int) -> Any:
         return self._collate([self._dataset[int(i)] for i in self._order.indices(start, size)])
@@ -287,7 +304,7 @@ class ElasticJob:
         self._faults.hit("commit", attempt.number)
         self._replica.commit(attempt.number, self._plan.step_samples)
         if self._ledger:
-            self._ledger.commit(self.generation, self.step, self.cursor)
+            self._ledger_write(lambda ledger: ledger.commit(self.generation, self.step, self.cursor))
         if self.rank == 0:
             self._runtime.send(
                 Committed(

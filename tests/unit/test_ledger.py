@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
-from slurm_elastic.ledger import ENV_VAR, LedgerReport, LedgerWriter, analyze
+import pytest
+
+from slurm_elastic.ledger import ENV_VAR, LedgerError, LedgerReport, LedgerWriter, analyze
 
 STEP = 4  # samples per step; worker a takes the first half of each step, b the second
 
@@ -137,3 +140,44 @@ def test_a_resumed_worker_appending_after_a_torn_line_loses_nothing(tmp_path: Pa
         writer.commit(1, 3, 3 * STEP)
         writer.close()
     assert analyze(tmp_path) == LedgerReport(3, 12, 12, 0, 0, 0)
+
+
+# --- writing ------------------------------------------------------------------------------------------
+
+
+def test_a_short_write_is_finished_not_left_as_a_gap(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    writer = LedgerWriter(tmp_path, "w1", run=0)
+    real_write = os.write
+    calls: list[int] = []
+
+    def short_once(fd: int, data: bytes) -> int:
+        calls.append(len(data))
+        return real_write(fd, data[: len(data) // 2] if len(calls) == 1 else data)
+
+    monkeypatch.setattr(os, "write", short_once)
+    writer.contribute(1, 1, [(0, 4)])
+    monkeypatch.undo()
+    writer.close()
+    assert len(calls) == 2
+    assert [json.loads(line) for line in (tmp_path / "w1.jsonl").read_text().splitlines()] == [
+        {"run": 0, "g": 1, "s": 1, "w": "w1", "p": [[0, 4]]}
+    ]
+
+
+def test_a_commit_is_on_disk_before_the_next_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    writer = LedgerWriter(tmp_path, "w1", run=0)
+    synced: list[int] = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real_fsync(fd))[1])
+    writer.contribute(1, 1, [(0, 4)])
+    assert synced == []
+    writer.commit(1, 1, 4)
+    assert len(synced) == 1
+    writer.close()
+
+
+def test_a_full_disk_is_an_error_naming_the_file(full_disk: Path) -> None:
+    writer = LedgerWriter(full_disk, "w1", run=0)
+    with pytest.raises(LedgerError, match=r"w1\.jsonl: No space left on device"):
+        writer.contribute(1, 1, [(0, 4)] * 2000)
+    writer.close()

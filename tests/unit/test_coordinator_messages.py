@@ -1,0 +1,72 @@
+"""A malformed but authenticated message costs that message: the worker stays, the coordinator goes on."""
+
+from __future__ import annotations
+
+import struct
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from slurm_elastic.coordinator import CoordinatorThread
+from slurm_elastic.coordinator.config import CoordinatorConfig
+from slurm_elastic.wire.channel import Channel, connect, new_secret
+from slurm_elastic.wire.messages import Heartbeat, Register, Registered, WorkerEvent
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+def coordinator() -> Iterator[CoordinatorThread]:
+    thread = CoordinatorThread(CoordinatorConfig(job_id="j", secret=new_secret(), expected_workers=2)).start()
+    try:
+        yield thread
+    finally:
+        thread.stop()
+
+
+def registered(coordinator: CoordinatorThread) -> Channel:
+    config = coordinator.coordinator.config
+    channel = connect(coordinator.address, secret=config.secret, job_id="j", role="worker")
+    channel.send(Register(worker_id="n1:0:0", node="n1", local_rank=0, pid=1, committed_step=-1))
+    assert isinstance(channel.recv(timeout=10), Registered)
+    return channel
+
+
+def dropped(coordinator: CoordinatorThread) -> list[dict[str, object]]:
+    return [e for e in coordinator.coordinator.events.all() if e["event"] == "message_dropped"]
+
+
+def wait_for(predicate: object, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():  # type: ignore[operator]
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b"not json", b'{"type": "no_such_message"}', b'{"type": "heartbeat", "generation": -1, "step": 0, "phase": "x"}'],
+)
+def test_an_invalid_frame_is_dropped_and_the_worker_stays(coordinator: CoordinatorThread, body: bytes) -> None:
+    channel = registered(coordinator)
+    channel._sock.sendall(struct.pack(">I", len(body)) + body)
+    channel.send(Heartbeat(generation=0, step=3, phase="compute"))
+    wait_for(lambda: coordinator.coordinator.workers.get("n1:0:0") is not None and dropped(coordinator))
+    time.sleep(0.2)
+    assert "n1:0:0" in coordinator.coordinator.workers, "the worker is still connected"
+    assert coordinator.coordinator.workers["n1:0:0"].step == 3, "the next message was read"
+    assert dropped(coordinator)[0]["sender"] == "n1:0:0"
+    channel.close()
+
+
+def test_a_message_the_coordinator_cannot_act_on_is_dropped(coordinator: CoordinatorThread) -> None:
+    channel = registered(coordinator)
+    channel.send(WorkerEvent(kind="generation_ready", fields={"resume_step": "not a number"}))
+    channel.send(WorkerEvent(kind="checkpoint_failed", fields={"worker": "spoofed", "job": "other", "error": "x"}))
+    wait_for(lambda: any(e["event"] == "checkpoint_failed" for e in coordinator.coordinator.events.all()))
+    assert "ValueError" in str(dropped(coordinator)[0]["reason"])
+    failed = next(e for e in coordinator.coordinator.events.all() if e["event"] == "checkpoint_failed")
+    assert (failed["worker"], failed["job"]) == ("n1:0:0", "j"), "a worker cannot overwrite who and which job"
+    assert "n1:0:0" in coordinator.coordinator.workers
+    channel.close()
