@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import structlog
 
 from slurm_elastic.decide.failures import restart_decision
+from slurm_elastic.decide.health import stalled_for
 from slurm_elastic.errors import ElasticError, InvalidMessage
 from slurm_elastic.lineage import become_subreaper, die_with_parent, kill_adopted, reap_adopted
 from slurm_elastic.nodecache import remove_job_cache
@@ -51,6 +52,7 @@ class AgentConfig:
     max_restarts: int = 3
     drain_grace_s: float = 60.0
     heartbeat_interval_s: float = 1.0
+    lease_timeout_s: float = 10.0  # the coordinator silent this long: it is gone
     slurm_job_id: str | None = None
     requeue_on_coordinator_loss: bool = False  # a core job's agents: losing the batch host must restart the job
     worker_env: dict[str, str] = field(default_factory=dict)
@@ -76,6 +78,7 @@ class Agent:
         self._signalled = False
         self._stop: Stop | None = None
         self._coordinator_lost = False
+        self._last_heard = time.monotonic()
 
     # --- workers --------------------------------------------------------------------------------------
 
@@ -165,6 +168,7 @@ class Agent:
                         self._coordinator_lost = True
                     self._lock.notify_all()
                 return
+            self._last_heard = time.monotonic()
             with self._lock:
                 if isinstance(message, KillWorker):
                     self._kill(message.worker_id, message.reason)
@@ -188,8 +192,19 @@ class Agent:
                     slot.proc.kill()
 
     def _heartbeat_loop(self) -> None:
+        interval = self.config.heartbeat_interval_s
+        previous = time.monotonic()
         while not self._coordinator_lost and self._stop is None:
-            time.sleep(self.config.heartbeat_interval_s)
+            time.sleep(interval)
+            now = time.monotonic()
+            self._last_heard += stalled_for(previous, now, interval)  # our own stop is not its silence
+            previous = now
+            if now - self._last_heard > self.config.lease_timeout_s:
+                log.error("coordinator_silent", node=self.config.node, seconds=round(now - self._last_heard, 1))
+                with self._lock:
+                    self._coordinator_lost = True
+                    self._lock.notify_all()
+                return
             self._report(Heartbeat(generation=0, step=-1, phase="init"))
 
     def _on_signal(self, signum: int, frame: object) -> None:
@@ -334,6 +349,7 @@ def _join_config(core_job: str, node: str, command: list[str]) -> AgentConfig:
         max_restarts=info.max_restarts,
         drain_grace_s=info.drain_grace_s,
         heartbeat_interval_s=info.heartbeat_interval_s,
+        lease_timeout_s=info.lease_timeout_s,
         slurm_job_id=satellite,
         worker_env=info.worker_env,
     )
@@ -351,6 +367,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-restarts", type=int, default=3)
     parser.add_argument("--drain-grace-s", type=float, default=60.0)
     parser.add_argument("--heartbeat-interval-s", type=float, default=1.0)
+    parser.add_argument("--lease-timeout-s", type=float, default=10.0)
     parser.add_argument(
         "--requeue-on-coordinator-loss", action="store_true", help="requeue the Slurm job if its coordinator vanishes"
     )
@@ -378,6 +395,7 @@ def main(argv: list[str] | None = None) -> int:
                 max_restarts=args.max_restarts,
                 drain_grace_s=args.drain_grace_s,
                 heartbeat_interval_s=args.heartbeat_interval_s,
+                lease_timeout_s=args.lease_timeout_s,
                 slurm_job_id=os.environ.get("SLURM_JOB_ID"),
                 requeue_on_coordinator_loss=args.requeue_on_coordinator_loss,
             )

@@ -83,6 +83,7 @@ class LaunchInfo:
     drain_grace_s: float
     heartbeat_interval_s: float
     worker_env: dict[str, str]
+    lease_timeout_s: float = 10.0
 
     def write(self, directory: Path) -> Path:
         path = directory / LAUNCH

@@ -24,7 +24,7 @@ from pydantic import BaseModel
 from slurm_elastic.coordinator.config import CoordinatorConfig
 from slurm_elastic.decide import membership as m
 from slurm_elastic.decide.failures import identical_failure_verdict, record_failure
-from slurm_elastic.decide.health import Liveness, find_unresponsive
+from slurm_elastic.decide.health import Liveness, find_unresponsive, stalled_for
 from slurm_elastic.errors import AuthError, InvalidMessage, ProtocolError
 from slurm_elastic.events import EventLog
 from slurm_elastic.wire import messages as msg
@@ -95,6 +95,7 @@ class Coordinator:
         self._recent_commits: deque[Commit] = deque(maxlen=64)
         self._last_progress = 0.0
         self._ticker_task: asyncio.Task[None] | None = None
+        self._last_tick = self._last_pulse = time.monotonic()
         self.pool_keep_pending = 0  # read by the Slurm launcher, set by `grow --keep-pending`
         self.pool_partition: str | None = None
         self.drained_nodes: set[str] = set()  # every node ever asked to leave: never relaunched
@@ -143,6 +144,7 @@ class Coordinator:
         cfg = self.config
         return msg.WorkerSettings(
             heartbeat_interval_s=cfg.heartbeat_interval_s,
+            lease_timeout_s=cfg.lease_timeout_s,
             pg_timeout_s=cfg.pg_timeout_s,
             backend=cfg.backend,
             store_host=cfg.advertise_host or cfg.host,
@@ -453,35 +455,47 @@ class Coordinator:
     # --- time -----------------------------------------------------------------------------------------
 
     async def _ticker(self) -> None:
-        cfg = self.config
         while True:
             await asyncio.sleep(TICK_S)
-            now = time.monotonic()
-            self._feed(m.Tick())
-            if self.state.phase != "running":
+            self._tick(time.monotonic())
+
+    def _tick(self, now: float) -> None:
+        cfg = self.config
+        stalled = stalled_for(self._last_tick, now, TICK_S)
+        self._last_tick = now
+        if stalled:  # this process was stopped: nobody else's silence in that time counts against them
+            for held in (*self.workers.values(), *self.agents.values()):
+                held.last_seen += stalled
+                held.phase_since += stalled
+            self.events.emit("coordinator_paused", seconds=round(stalled, 2))
+        if now - self._last_pulse >= cfg.heartbeat_interval_s:
+            self._last_pulse = now
+            pulse = msg.Pulse(generation=self.state.generation.number if self.state.generation else 0)
+            for client in (*self.workers.values(), *self.agents.values()):
+                self._send(client, pulse)
+        self._feed(m.Tick())
+        if self.state.phase != "running":
+            return
+        members = [
+            Liveness(w, p.last_seen, p.step, p.phase, p.phase_since)
+            for w in self.state.members
+            if (p := self.workers.get(w)) is not None and w not in self.state.finished
+        ]
+        agents = [Liveness(n, p.last_seen, 0, "agent", p.last_seen) for n, p in self.agents.items()]
+        lease, hang = cfg.lease_timeout_s, cfg.hang_timeout_s
+        for verdict in find_unresponsive(now, agents, lease_timeout_s=lease, hang_timeout_s=hang):
+            self.events.emit("node_unresponsive", node=verdict.worker_id, reason=verdict.reason)
+            agent = self.agents.pop(verdict.worker_id)
+            agent.writer.close()
+            for w in [w for w, p in self.workers.items() if p.node == verdict.worker_id]:
+                self._lose_worker(w, f"node {verdict.worker_id} unresponsive")
+        for verdict in find_unresponsive(now, members, lease_timeout_s=lease, hang_timeout_s=hang):
+            peer = self.workers.get(verdict.worker_id)
+            if peer is None:
                 continue
-            members = [
-                Liveness(w, p.last_seen, p.step, p.phase, p.phase_since)
-                for w in self.state.members
-                if (p := self.workers.get(w)) is not None and w not in self.state.finished
-            ]
-            agents = [Liveness(n, p.last_seen, 0, "agent", p.last_seen) for n, p in self.agents.items()]
-            lease, hang = cfg.lease_timeout_s, cfg.hang_timeout_s
-            for verdict in find_unresponsive(now, agents, lease_timeout_s=lease, hang_timeout_s=hang):
-                self.events.emit("node_unresponsive", node=verdict.worker_id, reason=verdict.reason)
-                agent = self.agents.pop(verdict.worker_id)
-                agent.writer.close()
-                for w in [w for w, p in self.workers.items() if p.node == verdict.worker_id]:
-                    self._lose_worker(w, f"node {verdict.worker_id} unresponsive")
-            for verdict in find_unresponsive(now, members, lease_timeout_s=lease, hang_timeout_s=hang):
-                peer = self.workers.get(verdict.worker_id)
-                if peer is None:
-                    continue
-                self.events.emit("hang_evicted", worker=verdict.worker_id, cause=verdict.cause, reason=verdict.reason)
-                self._send(
-                    self.agents.get(peer.node), msg.KillWorker(worker_id=verdict.worker_id, reason=verdict.reason)
-                )
-                self._lose_worker(verdict.worker_id, f"{verdict.cause}: {verdict.reason}")
+            self.events.emit("hang_evicted", worker=verdict.worker_id, cause=verdict.cause, reason=verdict.reason)
+            self._send(self.agents.get(peer.node), msg.KillWorker(worker_id=verdict.worker_id, reason=verdict.reason))
+            self._lose_worker(verdict.worker_id, f"{verdict.cause}: {verdict.reason}")
 
     # --- status ---------------------------------------------------------------------------------------
 

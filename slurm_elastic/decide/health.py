@@ -44,3 +44,11 @@ def find_unresponsive(
                 Verdict(m.worker_id, "hang", f"no progress for {stuck:.1f} s in step {m.step + 1} while peers wait")
             )
     return tuple(verdicts)
+
+
+def stalled_for(previous: float, now: float, interval_s: float, *, slack: float = 5.0) -> float:
+    """How long a loop that should run every `interval_s` was itself stopped (SIGSTOP, `scontrol suspend`,
+    a frozen VM) between `previous` and `now`: 0 for an ordinary delay. Silence of the others during that
+    time says nothing about them, so their leases are extended by it."""
+    gap = now - previous
+    return gap - interval_s if gap > max(slack * interval_s, 1.0) else 0.0

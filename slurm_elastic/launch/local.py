@@ -115,6 +115,7 @@ class LocalJob:
             "--max-restarts", str(cfg.max_restarts),
             "--drain-grace-s", str(cfg.drain_grace_s),
             "--heartbeat-interval-s", str(cfg.heartbeat_interval_s),
+            "--lease-timeout-s", str(cfg.lease_timeout_s),
             "--", *self.command,
         ]  # fmt: skip
         out: IO[bytes] | None = None

@@ -103,7 +103,13 @@ class SlurmLaunch:
         address = self.coordinator.address
         env = worker_env(cfg, self.dir)
         LaunchInfo(
-            self.command, cfg.nproc_per_node, cfg.max_restarts, cfg.drain_grace_s, cfg.heartbeat_interval_s, env
+            self.command,
+            cfg.nproc_per_node,
+            cfg.max_restarts,
+            cfg.drain_grace_s,
+            cfg.heartbeat_interval_s,
+            env,
+            cfg.lease_timeout_s,
         ).write(self.dir)
         JobHandle(self.slurm_job, address, self.secret, socket.gethostname(), os.getpid(), time.time()).write(self.dir)
         with contextlib.suppress(SlurmError):
@@ -119,6 +125,7 @@ class SlurmLaunch:
             "--max-restarts", str(cfg.max_restarts),
             "--drain-grace-s", str(cfg.drain_grace_s),
             "--heartbeat-interval-s", str(cfg.heartbeat_interval_s),
+            "--lease-timeout-s", str(cfg.lease_timeout_s),
             *(["--requeue-on-coordinator-loss"] if cfg.requeue else []),
             "--", *self.command,
         ]  # fmt: skip

@@ -119,6 +119,7 @@ class Finished(_Msg):
 
 class WorkerSettings(_Msg):
     heartbeat_interval_s: float = Field(gt=0)
+    lease_timeout_s: float = Field(default=10.0, gt=0)  # the coordinator silent this long: it is gone
     pg_timeout_s: float = Field(gt=0)
     backend: Literal["auto", "gloo", "nccl"]
     store_host: str
@@ -149,6 +150,14 @@ class ChangePending(_Msg):
 
     type: Literal["change_pending"] = "change_pending"
     generation: int = Field(ge=1)
+
+
+class Pulse(_Msg):
+    """The coordinator is alive: sent to every agent and worker each heartbeat interval, so that a batch host
+    that vanished without a TCP reset is noticed within a lease, not after the kernel's retransmissions."""
+
+    type: Literal["pulse"] = "pulse"
+    generation: int = Field(ge=0)
 
 
 class Leave(_Msg):
@@ -267,6 +276,7 @@ Message = Annotated[
     | Registered
     | Assign
     | ChangePending
+    | Pulse
     | Leave
     | Stop
     | RegisterNode

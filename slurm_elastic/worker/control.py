@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel
 
+from slurm_elastic.decide.health import stalled_for
 from slurm_elastic.errors import InvalidMessage
 from slurm_elastic.wire.channel import Channel, connect
 from slurm_elastic.wire.messages import (
@@ -59,6 +60,7 @@ class ControlClient:
         self._current_generation = 0
         self._change_generation = 0
         self._lost = False
+        self._last_heard = time.monotonic()  # the coordinator's last message (it pulses every interval)
         self._closed = threading.Event()
         self.progress: tuple[int, int, Phase] = (0, -1, "init")
         self.settings: WorkerSettings | None = None
@@ -149,6 +151,7 @@ class ControlClient:
             except (OSError, ConnectionError, ValueError):
                 self._on_lost()
                 return
+            self._last_heard = time.monotonic()
             with self._cond:
                 if isinstance(msg, ChangePending):
                     self._change_generation = max(self._change_generation, msg.generation)
@@ -169,7 +172,17 @@ class ControlClient:
 
     def _heartbeat_loop(self) -> None:
         assert self.settings is not None
-        interval = self.settings.heartbeat_interval_s
+        interval, lease = self.settings.heartbeat_interval_s, self.settings.lease_timeout_s
+        previous = time.monotonic()
         while not self._closed.wait(interval) and not self._lost:
+            now = time.monotonic()
+            self._last_heard += stalled_for(previous, now, interval)  # our own stop is not its silence
+            previous = now
+            if now - self._last_heard > lease:
+                # A batch host that vanished without a TCP reset: no pulse for a lease.
+                self._on_lost()
+                if self._channel is not None:
+                    self._channel.close()  # wakes the reader blocked in recv()
+                return
             generation, step, phase = self.progress
             self.send(Heartbeat(generation=generation, step=step, phase=phase))

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from slurm_elastic.decide.health import Liveness, Verdict, find_unresponsive
+from slurm_elastic.decide.health import Liveness, Verdict, find_unresponsive, stalled_for
 
 LEASE = 10.0
 HANG = 60.0
@@ -106,3 +106,17 @@ def test_verdicts_follow_the_rules(members: list[Liveness], now: float) -> None:
             assert m.worker_id not in by_id
     if all(m.phase == "allreduce" for m in members):
         assert all(v.cause == "lease" for v in verdicts)
+
+
+# --- a loop that was itself stopped ---------------------------------------------------------------------
+
+
+def test_an_ordinary_delay_is_not_a_stall() -> None:
+    assert stalled_for(100.0, 100.1, 0.1) == 0.0
+    assert stalled_for(100.0, 100.45, 0.1) == 0.0, "under a second is scheduling noise"
+    assert stalled_for(100.0, 104.0, 1.0) == 0.0, "within five intervals"
+
+
+def test_a_stop_longer_than_five_intervals_and_a_second_is_a_stall_of_the_excess() -> None:
+    assert stalled_for(100.0, 130.0, 0.1) == pytest.approx(29.9)
+    assert stalled_for(100.0, 106.0, 1.0) == pytest.approx(5.0)
