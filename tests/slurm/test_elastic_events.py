@@ -80,3 +80,16 @@ def test_reclaim_drains_at_a_boundary_and_releases_the_nodes(jobs: list[ElasticS
     assert not job.events("recovered")  # nothing aborted, nothing re-run
     job.wait_finished()
     job.assert_same_training(reference_model(tmp_path.parent, 40))
+
+
+def test_a_suspended_and_resumed_job_evicts_no_one(jobs: list[ElasticSlurmJob], tmp_path: Path) -> None:
+    job = submit_core(tmp_path / "suspend", nodes="4", steps=40, pause=0.3)
+    jobs.append(job)
+    job.wait_step(6)
+    subprocess.run(["scontrol", "suspend", job.job_id], check=True, timeout=30)
+    time.sleep(12)  # SIGSTOP of every process of the job, batch host included, for more than two leases (5 s)
+    subprocess.run(["scontrol", "resume", job.job_id], check=True, timeout=30)
+    job.wait_finished()
+    assert worlds(job) == [4], "nobody was evicted or lost"
+    assert not job.events("node_unresponsive") and not job.events("hang_evicted") and not job.events("node_lost")
+    job.assert_same_training(reference_model(tmp_path.parent, 40))
