@@ -15,7 +15,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
+from typing import IO
 
 import structlog
 
@@ -37,6 +39,31 @@ from slurm_elastic.wire.messages import (
 )
 
 log = structlog.get_logger("slurm_elastic.agent")
+MAX_STDERR_TAIL = 2000  # characters of a worker's last stderr output, reported when it ends
+
+
+class StderrTail:
+    """Copies a worker's stderr through to ours, keeping its last few kilobytes for the report of its end."""
+
+    def __init__(self, source: IO[bytes], sink: IO[bytes]) -> None:
+        self._tail: deque[bytes] = deque(maxlen=64)
+        self._thread = threading.Thread(target=self._pump, args=(source, sink), name="se-stderr", daemon=True)
+        self._thread.start()
+
+    def _pump(self, source: IO[bytes], sink: IO[bytes]) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            while chunk := source.read1(65536):  # type: ignore[attr-defined]
+                self._tail.append(chunk)
+                with contextlib.suppress(OSError):
+                    sink.write(chunk)
+                    sink.flush()
+
+    def finish(self, timeout: float = 2.0) -> str:
+        """The tail once the stream ended (a grandchild may hold it open: then what we have)."""
+        self._thread.join(timeout)
+        return b"".join(self._tail).decode(errors="replace")[-MAX_STDERR_TAIL:]
+
+
 EXIT_FAILED = 1
 EXIT_DRAINED_BY_SIGNAL = 75  # EX_TEMPFAIL: preempted or told to stop by Slurm; a satellite should requeue
 
@@ -66,6 +93,8 @@ class Slot:
     proc: subprocess.Popen[bytes] | None = None
     expected_exit: bool = False  # we killed it on purpose (restart-all, eviction): not a crash
     restart_due: bool = False  # to be started again by the main thread
+    restart_at: float = 0.0  # not before this time (backoff)
+    stderr: StderrTail | None = None
 
 
 class Agent:
@@ -79,6 +108,7 @@ class Agent:
         self._stop: Stop | None = None
         self._coordinator_lost = False
         self._last_heard = time.monotonic()
+        self._failed_after_end: list[str] = []
 
     # --- workers --------------------------------------------------------------------------------------
 
@@ -106,28 +136,44 @@ class Agent:
         slot.expected_exit = slot.restart_due = False
         # Only the main thread starts workers: each dies with the thread that started it (see lineage).
         assert threading.current_thread() is threading.main_thread()
-        slot.proc = subprocess.Popen(cfg.command, env=env, preexec_fn=die_with_parent())
+        try:
+            slot.proc = subprocess.Popen(cfg.command, env=env, stderr=subprocess.PIPE, preexec_fn=die_with_parent())
+        except OSError as exc:  # no such program: as if it had exited at once, with the shell's code
+            log.error("worker_not_started", worker=self.worker_id(slot), command=cfg.command[0], error=str(exc))
+            self._ended(slot, 127, f"cannot start {cfg.command[0]!r}: {exc.strerror or exc}")
+            return
+        assert slot.proc.stderr is not None
+        slot.stderr = StderrTail(slot.proc.stderr, sys.stderr.buffer)
         threading.Thread(
             target=self._watch, args=(slot, slot.proc), name=f"se-watch-{slot.local_rank}", daemon=True
         ).start()
 
     def _watch(self, slot: Slot, proc: subprocess.Popen[bytes]) -> None:
         returncode = proc.wait()
+        tail = slot.stderr.finish() if slot.stderr is not None else ""
         with self._lock:
-            wid = self.worker_id(slot)
-            if slot.expected_exit:
-                restart, reason = not self._stopping(), "restarted on request"
-            else:
-                decision = restart_decision(returncode, slot.restarts, self.config.max_restarts, self._stopping())
-                restart, reason = decision.restart, decision.reason
-                slot.restarts += int(restart)
-            self._report(WorkerExited(worker_id=wid, returncode=returncode, will_restart=restart))
-            log.info("worker_exited", worker=wid, returncode=returncode, restart=restart, reason=reason)
-            slot.proc = None
-            if restart:
-                slot.incarnation += 1
-                slot.restart_due = True
-            self._lock.notify_all()
+            self._ended(slot, returncode, tail)
+
+    def _ended(self, slot: Slot, returncode: int, stderr_tail: str) -> None:
+        """Under the lock: one worker process ended; report it and decide on a restart."""
+        wid = self.worker_id(slot)
+        delay = 0.0
+        if slot.expected_exit:
+            restart, reason = not self._stopping(), "restarted on request"
+        else:
+            decision = restart_decision(returncode, slot.restarts, self.config.max_restarts, self._stopping())
+            restart, reason, delay = decision.restart, decision.reason, decision.delay_s
+            slot.restarts += int(restart)
+            if returncode != 0 and self._stop is not None and not self._stop.error:
+                self._failed_after_end.append(f"{wid} exited with {returncode}")  # the job had finished
+        tail = stderr_tail[-MAX_STDERR_TAIL:] if returncode != 0 or not restart else ""
+        self._report(WorkerExited(worker_id=wid, returncode=returncode, will_restart=restart, stderr_tail=tail))
+        log.info("worker_exited", worker=wid, returncode=returncode, restart=restart, reason=reason)
+        slot.proc = None
+        if restart:
+            slot.incarnation += 1
+            slot.restart_due, slot.restart_at = True, time.monotonic() + delay
+        self._lock.notify_all()
 
     def _stopping(self) -> bool:
         return self._draining or self._stop is not None or self._coordinator_lost
@@ -262,7 +308,7 @@ class Agent:
                 for slot in (s for s in self.slots if s.restart_due):
                     if self._stopping():
                         slot.restart_due = False
-                    else:
+                    elif time.monotonic() >= slot.restart_at:
                         self._spawn(slot)
                 reap_adopted(self._workers())
                 self._lock.wait(0.2)
@@ -271,9 +317,11 @@ class Agent:
         code = self._exit_code()  # before closing: the reader thread takes a closed channel for a lost coordinator
         if self._channel is not None:
             self._channel.close()
+        # srun's own status is unreliable once Slurm cancelled the step: tell the batch script here.
         marker = os.environ.get("SLURM_ELASTIC_EXIT_MARKER")
-        if marker:  # srun's own status is unreliable once Slurm cancelled the step: tell the batch script here
-            with contextlib.suppress(OSError), open(marker, "w") as fh:
+        exits = os.environ.get("SLURM_ELASTIC_EXIT_DIR")
+        for path in filter(None, (marker, exits and os.path.join(exits, self.config.node))):
+            with contextlib.suppress(OSError), open(path, "w") as fh:
                 fh.write(f"{code}\n")
         return code
 
@@ -283,6 +331,9 @@ class Agent:
             self._requeue_job()
             return EXIT_FAILED
         if self._stop is not None and self._stop.error:
+            return EXIT_FAILED
+        if self._failed_after_end:  # training finished, but the script failed afterwards: never a success
+            log.error("failed_after_training", node=self.config.node, workers=self._failed_after_end)
             return EXIT_FAILED
         return EXIT_DRAINED_BY_SIGNAL if self._signalled and self._stop is None else 0
 
@@ -307,6 +358,7 @@ class Agent:
         with self._lock:
             for slot in self.slots:
                 slot.restart_due = False
+                slot.expected_exit = slot.proc is not None  # ended by us, not a crash
             if self._alive():
                 self._signal_workers(signal.SIGTERM)
             while self._alive() and time.monotonic() < deadline:

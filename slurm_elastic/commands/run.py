@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import signal
 import sys
 
 from slurm_elastic.commands.common import add_job_flags, command_after_dashes, fail, job_config
-from slurm_elastic.launch.local import LocalJob
+from slurm_elastic.launch.local import JobResult, LocalJob
 from slurm_elastic.logs import configure_logging
 
 
@@ -30,18 +31,30 @@ def run(args: argparse.Namespace) -> int:
         return run_in_allocation(args, command)
     config = job_config(args, os.environ)
     configure_logging(config.log_format, config.log_level)
-    job = LocalJob(command, config).start()
-    stop = lambda *_: job.stop()  # noqa: E731 - a signal handler
-    signal.signal(signal.SIGTERM, stop)
+    job = LocalJob(command, config)
+    # Before anything slow (start-up imports torch): a SIGTERM at any moment ends the run.
+    signal.signal(signal.SIGTERM, lambda signum, _: job.cancel(signal.Signals(signum).name))
     try:
-        result = job.wait()
+        job.start()
+        result = job.wait(agents_timeout=None)  # the script may still save its model after training
     except KeyboardInterrupt:
-        job.stop()
         return 130
     finally:
         job.stop()
+    return report(job.job_id, result, command)
+
+
+def report(job_id: str, result: JobResult, command: list[str]) -> int:
+    """The exit status of `run --local`, with a one-line error for anything but a clean finish."""
     if result.ok:
         return 0
+    if result.phase == "cancelled":
+        return fail(f"job {job_id} stopped by {result.reason}", 143)
+    if result.phase == "finished":
+        failed = list(result.failed_after_training) or [
+            f"the agent of {node} exited with {code}" for node, code in result.agent_exit_codes.items() if code
+        ]
+        return fail(f"job {job_id} finished training, but then: {'; '.join(failed)}", 1)
     if result.failure_traceback:
-        sys.stderr.write(result.failure_traceback)
-    return fail(f"job {job.job_id} {result.phase}: {result.reason}", 1)
+        sys.stderr.write(result.failure_traceback.rstrip("\n") + "\n")
+    return fail(f"job {job_id} {result.phase}: {result.reason} [command: {shlex.join(command)}]", 1)

@@ -23,7 +23,7 @@ from pydantic import BaseModel
 
 from slurm_elastic.coordinator.config import CoordinatorConfig
 from slurm_elastic.decide import membership as m
-from slurm_elastic.decide.failures import identical_failure_verdict, record_failure
+from slurm_elastic.decide.failures import ExitRecord, identical_failure_verdict, never_joined_verdict, record_failure
 from slurm_elastic.decide.health import Liveness, find_unresponsive, stalled_for
 from slurm_elastic.errors import AuthError, InvalidMessage, ProtocolError
 from slurm_elastic.events import EventLog
@@ -71,6 +71,7 @@ class PublicView:
     reason: str = ""
     failure_traceback: str | None = None
     commits: list[Commit] = field(default_factory=list)
+    failed_after_training: list[str] = field(default_factory=list)  # finished training, then exited non-zero
 
 
 class Coordinator:
@@ -96,6 +97,9 @@ class Coordinator:
         self._last_progress = 0.0
         self._ticker_task: asyncio.Task[None] | None = None
         self._last_tick = self._last_pulse = time.monotonic()
+        self._registered: set[str] = set()  # worker ids that ever joined
+        self._agent_nproc: dict[str, int] = {}  # training processes each node's agent starts
+        self._final_exits: list[ExitRecord] = []  # processes that ended for good before the job ran
         self.pool_keep_pending = 0  # read by the Slurm launcher, set by `grow --keep-pending`
         self.pool_partition: str | None = None
         self.drained_nodes: set[str] = set()  # every node ever asked to leave: never relaunched
@@ -110,7 +114,14 @@ class Coordinator:
         with self._view_lock:
             v = self._view
             return PublicView(
-                v.phase, v.generation, v.world, v.last_step, v.reason, v.failure_traceback, list(v.commits)
+                v.phase,
+                v.generation,
+                v.world,
+                v.last_step,
+                v.reason,
+                v.failure_traceback,
+                list(v.commits),
+                list(v.failed_after_training),
             )
 
     def _publish(self) -> None:
@@ -190,6 +201,7 @@ class Coordinator:
             return
         now = time.monotonic()
         self.workers[wid] = Peer(writer, reg.node, now, reg.committed_step, "init", now, reg.pid)
+        self._registered.add(wid)
         write_message(writer, msg.Registered(settings=self.settings()))
         self.events.emit("worker_registered", worker=wid, node=reg.node, pid=reg.pid, committed_step=reg.committed_step)
         self._feed(m.Joined(m.Worker(wid, reg.node, reg.local_rank, reg.committed_step)))
@@ -238,6 +250,7 @@ class Coordinator:
             write_message(writer, msg.Stop(reason=f"node {node} already has an agent"))
             return
         self.agents[node] = Peer(writer, node, time.monotonic(), pid=reg.pid, slurm_job=reg.slurm_job_id)
+        self._agent_nproc[node] = reg.nproc
         write_message(writer, msg.Ack(ok=True, detail=self.config.job_id))
         self.events.emit("node_registered", node=node, host=reg.host, nproc=reg.nproc, slurm_job=reg.slurm_job_id)
         try:
@@ -264,7 +277,9 @@ class Coordinator:
                     node=node,
                     returncode=message.returncode,
                     will_restart=message.will_restart,
+                    stderr_tail=message.stderr_tail[-500:] or None,
                 )
+                self._on_worker_exit(node, message)
                 self._lose_worker(message.worker_id, f"exited with {message.returncode}")
             case msg.DrainRequest():
                 self._on_drain(message)
@@ -272,6 +287,21 @@ class Coordinator:
                 pass
             case _:
                 raise ProtocolError(f"unexpected {message.type!r} from agent {node}")
+
+    def _on_worker_exit(self, node: str, e: msg.WorkerExited) -> None:
+        """Exits the job must not miss: before anyone joined (a wrong command) or after training (a script
+        that failed at its end)."""
+        joined = e.worker_id in self._registered
+        if e.returncode != 0 and e.worker_id in self.state.finished:
+            with self._view_lock:
+                self._view.failed_after_training.append(f"{e.worker_id} exited with {e.returncode}")
+        if self.state.phase != "rendezvous" or e.will_restart:
+            return
+        self._final_exits.append(ExitRecord(e.worker_id, node, e.returncode, e.stderr_tail, joined))
+        alive = sum(1 for w in self.workers if w != e.worker_id)
+        verdict = never_joined_verdict(self._agent_nproc, self._final_exits, alive)
+        if verdict is not None:
+            self._feed(m.Abort(verdict))
 
     async def _next_message(self, reader: asyncio.StreamReader, sender: str) -> msg.Message | None:
         """The next message, or None for a whole frame that is not a valid one (dropped, with an event)."""

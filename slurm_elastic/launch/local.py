@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from slurm_elastic.agent import EXIT_FAILED
 from slurm_elastic.config import JobConfig, training_env
 from slurm_elastic.coordinator import CoordinatorThread
 from slurm_elastic.coordinator.config import coordinator_config
@@ -30,14 +31,18 @@ from slurm_elastic.wire.channel import new_secret
 
 @dataclass(frozen=True)
 class JobResult:
-    phase: str  # finished | failed | suspended | timeout
+    phase: str  # finished | failed | suspended | timeout | cancelled
     reason: str
     failure_traceback: str | None
     agent_exit_codes: dict[str, int | None]
+    failed_after_training: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
-        return self.phase == "finished"
+        """Training finished and no training process failed at its end (a node killed on the way is fine:
+        the job went on without it)."""
+        failed_agents = any(code == EXIT_FAILED for code in self.agent_exit_codes.values())
+        return self.phase == "finished" and not self.failed_after_training and not failed_agents
 
 
 class LocalJob:
@@ -64,6 +69,7 @@ class LocalJob:
         self.agents: dict[str, subprocess.Popen[bytes]] = {}
         self._logs: list[IO[bytes]] = []
         self._next_node = 1
+        self._cancelled: str | None = None
         self.coordinator: CoordinatorThread | None = None
 
     # --- life cycle -----------------------------------------------------------------------------------
@@ -150,17 +156,31 @@ class LocalJob:
                 raise ElasticError(f"job {self.job_id}: condition not reached (phase {view.phase}: {view.reason})")
             time.sleep(poll)
 
-    def wait(self, timeout: float | None = None) -> JobResult:
+    def wait(self, timeout: float | None = None, agents_timeout: float | None = 30.0) -> JobResult:
+        """Wait for the job's end (or `cancel()`), then up to `agents_timeout` for the nodes' agents to exit."""
         assert self.coordinator is not None
-        done = self.coordinator.coordinator.done.wait(timeout)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        done = False
+        while not done and self._cancelled is None:
+            left = 0.2 if deadline is None else min(0.2, deadline - time.monotonic())
+            if left <= 0:
+                break
+            done = self.coordinator.coordinator.done.wait(left)
         view = self.view()
-        deadline = time.monotonic() + 30
+        if self._cancelled is not None:
+            codes = {name: proc.poll() for name, proc in self.agents.items()}
+            return JobResult("cancelled", self._cancelled, None, codes)
+        end = None if agents_timeout is None else time.monotonic() + agents_timeout
         for proc in self.agents.values():
             with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+                proc.wait(timeout=None if end is None else max(0.1, end - time.monotonic()))
         phase = view.phase if done else "timeout"
         codes = {name: proc.poll() for name, proc in self.agents.items()}
-        return JobResult(phase, view.reason, view.failure_traceback, codes)
+        return JobResult(phase, view.reason, view.failure_traceback, codes, tuple(view.failed_after_training))
+
+    def cancel(self, reason: str) -> None:
+        """Make `wait()` return at once (safe from a signal handler); `stop()` then ends everything."""
+        self._cancelled = reason
 
     def stop(self) -> None:
         for proc in self.agents.values():

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -25,6 +26,7 @@ from pathlib import Path
 
 import structlog
 
+from slurm_elastic.agent import EXIT_DRAINED_BY_SIGNAL
 from slurm_elastic.commands.common import fail, job_config
 from slurm_elastic.config import JobConfig, training_env
 from slurm_elastic.coordinator import CoordinatorThread
@@ -133,7 +135,10 @@ class SlurmLaunch:
             argv = srun_argv(agent, nodes=None, extra=(f"--het-group=0-{components - 1}", "--export=ALL"))
         else:
             argv = srun_argv(agent, nodes=len(nodes), nodelist=nodes, extra=("--export=ALL",))
-        self._agent_argv, self._agent_env = agent, {**os.environ, **env, "SLURM_ELASTIC_SECRET": self.secret}
+        shutil.rmtree(self.dir / "exits", ignore_errors=True)  # a requeued run's agents report afresh
+        (self.dir / "exits").mkdir()
+        agent_env = {"SLURM_ELASTIC_SECRET": self.secret, "SLURM_ELASTIC_EXIT_DIR": str(self.dir / "exits")}
+        self._agent_argv, self._agent_env = agent, {**os.environ, **env, **agent_env}
         self.srun = subprocess.Popen(argv, env=self._agent_env)
 
     # --- the loop -------------------------------------------------------------------------------------
@@ -142,14 +147,20 @@ class SlurmLaunch:
         assert self.coordinator is not None
         coord = self.coordinator.coordinator
         next_watch = next_pool = 0.0
-        suspend_sent = False
+        stop_by: float | None = None
         while not coord.done.wait(0.2):
             now = time.monotonic()
-            if self.stop_requested.is_set() and not suspend_sent:
-                suspend_sent = True
+            if self.stop_requested.is_set() and stop_by is None:
+                stop_by = now + self.config.drain_grace_s
+                running = self.coordinator.call(lambda: coord.state.phase == "running")
                 nodes = self.coordinator.call(lambda: sorted(coord.agents))
-                if nodes:
-                    self.coordinator.drain(nodes, "boundary", "the Slurm job is stopping (SIGTERM)")
+                if not running or not nodes:
+                    log.warning("stopping_before_training", slurm_job=self.slurm_job)
+                    return "suspended"  # nothing trained yet, nothing to keep: end now (and requeue)
+                self.coordinator.drain(nodes, "boundary", "the Slurm job is stopping (SIGTERM)")
+            if stop_by is not None and now > stop_by:
+                log.warning("drain_timeout", slurm_job=self.slurm_job, grace_s=self.config.drain_grace_s)
+                return "suspended"
             if now >= next_watch:
                 next_watch = now + self.config.node_watch_interval_s
                 self._watch_nodes()
@@ -198,6 +209,15 @@ class SlurmLaunch:
                 submit_satellite(self.backend, self.slurm_job, coord.pool_partition)
         except SlurmError as exc:
             log.warning("satellite_pool_failed", error=str(exc))
+
+    def agents_failed(self) -> list[str]:
+        """Nodes whose agent said it failed (srun's status cannot say: it counts nodes killed by a shrink)."""
+        failed = []
+        for marker in sorted((self.dir / "exits").glob("*")):
+            code = marker.read_text().strip()
+            if code and code != "0" and code != str(EXIT_DRAINED_BY_SIGNAL):
+                failed.append(f"the agent of {marker.name} exited with {code}")
+        return failed
 
     def finish(self, phase: str) -> None:
         for step in self._steps:
@@ -257,6 +277,9 @@ def run_in_allocation(args: argparse.Namespace, command: list[str]) -> int:
     finally:
         launch.finish(phase)
     view = launch.coordinator.view() if launch.coordinator else None
+    failed_after = (view.failed_after_training if view else []) + launch.agents_failed()
+    if phase == "finished" and failed_after:
+        return fail(f"job {slurm_job} finished training, but then: {'; '.join(failed_after)}", 1)
     if phase in ("finished", "suspended"):
         return 0
     if view is not None and view.failure_traceback:

@@ -188,6 +188,7 @@ class WorkerExited(_Msg):
     worker_id: WorkerId
     returncode: int
     will_restart: bool
+    stderr_tail: str = Field(default="", max_length=4000)  # its last words, when it failed or ended for good
 
 
 class KillWorker(_Msg):

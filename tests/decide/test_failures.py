@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from slurm_elastic.decide.failures import identical_failure_verdict, record_failure, restart_decision
+from slurm_elastic.decide.failures import (
+    ExitRecord,
+    identical_failure_verdict,
+    never_joined_verdict,
+    record_failure,
+    restart_decision,
+    restart_delay,
+)
 
 
 def test_clean_exit_is_never_restarted() -> None:
@@ -20,7 +27,7 @@ def test_no_restart_while_stopping() -> None:
 @pytest.mark.parametrize(("code", "how"), [(1, "exit code 1"), (-9, "killed by signal 9"), (137, "exit code 137")])
 def test_crash_within_budget_is_restarted(code: int, how: str) -> None:
     d = restart_decision(code, 1, 3, stopping=False)
-    assert d.restart and d.reason == f"{how}; restart 2 of 3"
+    assert d.restart and d.reason == f"{how}; restart 2 of 3 in 0.5 s"
 
 
 @pytest.mark.parametrize(("done", "limit"), [(3, 3), (4, 3), (0, 0)])
@@ -58,3 +65,49 @@ def test_identical_failure_verdict_at_the_bound() -> None:
 def test_a_bound_of_one_stops_at_the_first_failure() -> None:
     assert identical_failure_verdict({}, 1) is None
     assert identical_failure_verdict({"E": 1}, 1) is not None
+
+
+# --- backoff ------------------------------------------------------------------------------------------
+
+
+def test_restarts_back_off_after_the_first() -> None:
+    assert [restart_delay(n) for n in range(8)] == [0.0, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0]
+    decision = restart_decision(-9, 2, 5, stopping=False)
+    assert decision.restart and decision.delay_s == 1.0 and "in 1 s" in decision.reason
+
+
+# --- a job none of whose processes joined -----------------------------------------------------------
+
+
+def ended(node: str, code: int = 2, tail: str = "", joined: bool = False, worker: str | None = None) -> ExitRecord:
+    return ExitRecord(worker or f"{node}:0:3", node, code, tail, joined)
+
+
+def test_fails_once_every_node_has_ended_for_good_without_joining() -> None:
+    nodes = {"n1": 1, "n2": 1}
+    assert never_joined_verdict(nodes, [ended("n1")], registered_alive=0) is None, "n2 may still join"
+    verdict = never_joined_verdict(nodes, [ended("n1", tail="can't open file 'x.py'\n"), ended("n2")], 0)
+    assert verdict == "the training command exited with 2 on n1 without joining the job: can't open file 'x.py'"
+
+
+def test_a_clean_exit_without_joining_hints_at_the_missing_library() -> None:
+    verdict = never_joined_verdict({"n1": 1}, [ended("n1", code=0)], 0)
+    assert verdict is not None and "exited with 0" in verdict and "slurm_elastic.ElasticJob" in verdict
+
+
+def test_a_signal_is_named_and_the_tail_is_one_short_line() -> None:
+    verdict = never_joined_verdict({"n1": 1}, [ended("n1", code=-9, tail="x\n" * 1000)], 0)
+    assert verdict is not None and "killed by signal 9" in verdict and "\n" not in verdict and len(verdict) < 400
+
+
+@pytest.mark.parametrize(
+    ("exits", "alive"),
+    [
+        ([ended("n1", joined=True)], 0),  # someone joined: the job can run without this one
+        ([ended("n1")], 1),  # a registered process is still alive
+        ([ended("n1", worker="n1:0:0")], 0),  # one of n1's two processes is still to end
+    ],
+)
+def test_no_verdict_while_the_job_may_still_run(exits: list[ExitRecord], alive: int) -> None:
+    nproc = {"n1": 2} if exits[0].worker == "n1:0:0" else {"n1": 1}
+    assert never_joined_verdict(nproc, exits, alive) is None
