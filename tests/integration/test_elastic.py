@@ -28,7 +28,7 @@ def test_uneven_world_size_gives_the_same_model(runner: Runner, reference: dict[
 
 def test_node_joins_and_heals_from_peers(runner: Runner, reference: dict[str, torch.Tensor]) -> None:
     joins = [Action(at_step=2, kind="add_node"), Action(at_step=2, kind="add_node")]
-    res = runner("join", nodes=2, actions=joins, script=SLOW, script_args=("--pause", "0.7"))
+    res = runner("join", nodes=2, actions=joins, script=SLOW, script_args=("--pause", "1.0"))
     assert_same_training(res, reference)
     assert membership_changes(res)[-1][2] == 4
     joins = [e for e in res.events_of("generation_ready") if "join" in e["cause"]]

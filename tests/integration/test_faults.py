@@ -46,7 +46,7 @@ def test_kill_during_recovery(runner: Runner, reference: dict[str, torch.Tensor]
 
 def test_worker_restarted_after_kill_rejoins(runner: Runner, reference: dict[str, torch.Tensor]) -> None:
     plan = FaultPlan().kill("local3", step=4, phase="backward")
-    res = runner("restart-rejoin", faults=plan, max_restarts=1, script=SLOW, script_args=("--pause", "0.7"))
+    res = runner("restart-rejoin", faults=plan, max_restarts=1, script=SLOW, script_args=("--pause", "1.0"))
     assert_same_training(res, reference)
     worlds = [w for _, _, w in membership_changes(res)]
     assert worlds[:2] == [4, 3] and worlds[-1] == 4
@@ -98,7 +98,7 @@ def test_float32_hang_is_evicted(runner: Runner, reference_fp32: dict[str, torch
 def test_float32_restarted_worker_rejoins(runner: Runner, reference_fp32: dict[str, torch.Tensor]) -> None:
     plan = FaultPlan().kill("local3", step=4, phase="bucket")
     res = runner(
-        "fp32-restart-rejoin", faults=plan, max_restarts=1, script=SLOW, script_args=("--pause", "0.7"), **FP32
+        "fp32-restart-rejoin", faults=plan, max_restarts=1, script=SLOW, script_args=("--pause", "1.0"), **FP32
     )
     assert_close_training(res, reference_fp32)
     worlds = [w for _, _, w in membership_changes(res)]

@@ -47,6 +47,7 @@ SAMPLES: list[BaseModel] = [
     msg.Assign(generation=2, rank=1, ranks=["a", "b"], boundary_step=None, cause="crash"),
     msg.Assign(generation=3, rank=0, ranks=["a"], boundary_step=12, cause="drain"),
     msg.ChangePending(generation=5),
+    msg.Pulse(generation=5),
     msg.Leave(reason="drained"),
     msg.Stop(reason="failed", error="all members lost"),
     msg.Stop(reason="complete"),
