@@ -32,6 +32,8 @@ from slurm_elastic.wire.channel import accept_handshake, read_message, write_mes
 
 log = structlog.get_logger("slurm_elastic.coordinator")
 TICK_S = 0.1
+MAX_COMMIT_RECORDS = 10_000  # the newest commits kept for tools (MTTR, demos); events.jsonl has them all
+MAX_TRACEBACKS = 100
 _RESERVED_FIELDS = frozenset({"event", "job", "time", "worker", "quiet", "kind"})  # set by the coordinator
 
 
@@ -355,6 +357,8 @@ class Coordinator:
             )
         with self._view_lock:
             self._view.commits.append(commit)
+            if len(self._view.commits) > MAX_COMMIT_RECORDS:  # a long run must not grow the coordinator
+                del self._view.commits[: len(self._view.commits) - MAX_COMMIT_RECORDS]
             self._view.last_step = max(self._view.last_step, c.step)
         if self._abrupt_since is not None and c.generation >= self._abrupt_since[0]:
             _gen, detected, before = self._abrupt_since
@@ -394,7 +398,8 @@ class Coordinator:
 
     def _on_failure(self, f: msg.Failure) -> None:
         self.failures = record_failure(self.failures, f.signature)
-        self.tracebacks[f.signature] = f.traceback
+        if f.signature in self.tracebacks or len(self.tracebacks) < MAX_TRACEBACKS:
+            self.tracebacks[f.signature] = f.traceback
         self.events.emit("user_failure", worker=f.worker_id, signature=f.signature, count=self.failures[f.signature])
         verdict = identical_failure_verdict(self.failures, self.config.max_identical_failures)
         if verdict is not None:
@@ -449,6 +454,8 @@ class Coordinator:
 
     def _announce(self, a: m.Announce, before: m.State, event: m.Event) -> None:
         gen = a.generation
+        self._registered.clear()  # the job runs: only exits before the next rendezvous matter again
+        self._final_exits.clear()
         for rank, wid in enumerate(gen.ranks):
             self._send(
                 self.workers.get(wid),

@@ -195,6 +195,7 @@ class SlurmLaunch:
             self._relaunched[node] = now
             log.info("agent_relaunched", node=node, slurm_job=self.slurm_job)
             argv = srun_argv(self._agent_argv, nodes=1, nodelist=[node], extra=("--overlap", "--ntasks=1"))
+            self._steps = [step for step in self._steps if step.poll() is None]  # ended ones are forgotten
             self._steps.append(subprocess.Popen(argv, env=self._agent_env))
 
     def _keep_pool(self) -> None:

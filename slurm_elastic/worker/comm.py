@@ -12,6 +12,7 @@ import contextlib
 import datetime
 import os
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -79,10 +80,50 @@ class Interrupt:
 _helpers: set[threading.Thread] = set()
 
 
+class Reaper:
+    """Releases abandoned process groups on a thread of its own, `delay_s` after they were aborted: a group's
+    destructor may wait for a collective still blocked in it, which must never hold up the training
+    thread, and a group kept forever would keep its sockets and its store connection (one per generation)."""
+
+    def __init__(self, delay_s: float = 2.0) -> None:
+        self.delay_s = delay_s
+        self._cond = threading.Condition()
+        self._held: list[tuple[float, Any]] = []
+        self._releasing = 0
+        self._thread: threading.Thread | None = None
+
+    def hold(self, pg: Any) -> None:
+        with self._cond:
+            self._held.append((time.monotonic() + self.delay_s, pg))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="se-reaper", daemon=True)
+                self._thread.start()
+            self._cond.notify()
+
+    def holding(self) -> int:
+        """Groups not yet released (or being released right now)."""
+        with self._cond:
+            return len(self._held) + self._releasing
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._held or self._held[0][0] > time.monotonic():
+                    self._cond.wait(None if not self._held else self._held[0][0] - time.monotonic())
+                _, pg = self._held.pop(0)
+                self._releasing += 1
+            del pg  # the destructor runs here, outside the lock, if that was the last reference
+            with self._cond:
+                self._releasing -= 1
+
+
+REAPER = Reaper()
+
+
 def leftovers() -> bool:
     """Whether abandoned process groups or blocked helper threads remain (they outlive a recovery)."""
     _helpers.difference_update([t for t in _helpers if not t.is_alive()])
-    return bool(_helpers or Group._graveyard)
+    return bool(_helpers or REAPER.holding())
 
 
 def run_interruptibly(fn: Callable[[], Any], interrupt: Interrupt, what: str) -> Any:
@@ -132,8 +173,6 @@ def pick_backend(requested: str) -> str:
 
 class Group:
     """Rank `rank` of `world` in generation `generation`; world 1 needs no process group at all."""
-
-    _graveyard: list[Any] = []  # abandoned groups stay referenced so no destructor blocks this thread
 
     def __init__(self, pg: Any, rank: int, world: int, generation: int, interrupt: Interrupt) -> None:
         self.pg = pg
@@ -214,5 +253,5 @@ class Group:
             return
         with contextlib.suppress(RuntimeError):
             self.pg.abort()
-        Group._graveyard.append(self.pg)
+        REAPER.hold(self.pg)
         self.pg = None
