@@ -1,8 +1,10 @@
 """The per-job coordinator: connections in, events to the pure reducer, its actions out.
 
-It hosts the job's rendezvous store (a torch TCPStore, used only to wire up each generation's process
-group under a namespace derived from the job's secret) and a control server. Workers, agents and
-clients connect to the control server and prove the job's secret before anything else is read.
+It listens on one address only. Workers, agents, clients and store clients connect there, and each side
+proves the job's secret to the other before anything else is read; until then a connection may send
+only small frames, and at most `MAX_PENDING_HANDSHAKES` may be in their handshake. It also serves the
+job's rendezvous store (the keys that wire each generation's process group) to "store" connections,
+and drops a generation's keys once a newer one is announced.
 All state changes happen on one asyncio loop; `CoordinatorThread` runs that loop beside the launcher.
 """
 
@@ -10,12 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
 
 import structlog
 from pydantic import BaseModel
@@ -26,11 +26,13 @@ from slurm_elastic.decide.failures import identical_failure_verdict, record_fail
 from slurm_elastic.decide.health import Liveness, find_unresponsive
 from slurm_elastic.errors import AuthError, ProtocolError
 from slurm_elastic.events import EventLog
+from slurm_elastic.rendezvous.service import StoreService
 from slurm_elastic.wire import messages as msg
-from slurm_elastic.wire.channel import accept_handshake, read_message, write_message
+from slurm_elastic.wire.channel import HandshakeGate, accept_handshake, read_message, write_message
 
 log = structlog.get_logger("slurm_elastic.coordinator")
 TICK_S = 0.1
+STORE_PREFIX = "rdzv"  # generation g's keys: rdzv/g<g>/...
 
 
 @dataclass
@@ -96,10 +98,10 @@ class Coordinator:
         self.pool_keep_pending = 0  # read by the Slurm launcher, set by `grow --keep-pending`
         self.pool_partition: str | None = None
         self.drained_nodes: set[str] = set()  # every node ever asked to leave: never relaunched
-        self.store: Any = None
+        self.store = StoreService(STORE_PREFIX)
+        self.gate = HandshakeGate()
         self.server: asyncio.AbstractServer | None = None
         self.address = ""
-        self.store_prefix = "se-" + hashlib.sha256(config.secret.encode()).hexdigest()[:24]
 
     # --- thread-safe reads ----------------------------------------------------------------------------
 
@@ -121,17 +123,13 @@ class Coordinator:
     # --- start-up -------------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        import torch.distributed as dist  # imported here: the agent and CLI clients never pay for torch
-
         cfg = self.config
-        self.store = dist.TCPStore(cfg.host, cfg.store_port, is_master=True, wait_for_workers=False, use_libuv=True)
         self.server = await asyncio.start_server(self._on_connect, cfg.host, cfg.port)
         port = self.server.sockets[0].getsockname()[1]
         self.address = f"{cfg.advertise_host or cfg.host}:{port}"
         self.events.emit(
             "coordinator_started",
             address=self.address,
-            store_port=self.store.port,
             expected_workers=cfg.expected_workers,
             recovery=cfg.recovery,
         )
@@ -143,9 +141,7 @@ class Coordinator:
             heartbeat_interval_s=cfg.heartbeat_interval_s,
             pg_timeout_s=cfg.pg_timeout_s,
             backend=cfg.backend,
-            store_host=cfg.advertise_host or cfg.host,
-            store_port=self.store.port,
-            store_prefix=self.store_prefix,
+            store_prefix=STORE_PREFIX,
             load_checkpoint=self.state.phase == "rendezvous",
             run=cfg.run,
         )
@@ -154,9 +150,15 @@ class Coordinator:
 
     async def _on_connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            role = await accept_handshake(reader, writer, secret=self.config.secret, job_id=self.config.job_id)
+            self.gate.enter(writer)
+            try:
+                role = await accept_handshake(reader, writer, secret=self.config.secret, job_id=self.config.job_id)
+            finally:
+                self.gate.leave(writer)
             first = await asyncio.wait_for(read_message(reader), 30)
-            if role == "worker" and isinstance(first, msg.Register):
+            if role == "store":
+                await self.store.serve(first, reader, writer)
+            elif role == "worker" and isinstance(first, msg.Register):
                 await self._serve_worker(first, reader, writer)
             elif role == "agent" and isinstance(first, msg.RegisterNode):
                 await self._serve_agent(first, reader, writer)
@@ -395,6 +397,7 @@ class Coordinator:
 
     def _announce(self, a: m.Announce, before: m.State, event: m.Event) -> None:
         gen = a.generation
+        self.store.prune(gen.number)  # the older generations' groups are formed or abandoned: drop their keys
         for rank, wid in enumerate(gen.ranks):
             self._send(
                 self.workers.get(wid),
