@@ -4,6 +4,7 @@ job's `events.jsonl` for tools (demo, benchmarks) that read what happened."""
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from collections import deque
@@ -32,7 +33,7 @@ class EventLog:
         with self._lock:
             self._recent.append(record)
             if self.path is not None:
-                with open(self.path, "a") as fh:
+                with open(self.path, "a", opener=_append_no_follow) as fh:
                     fh.write(json.dumps(record, default=str) + "\n")
         if not quiet:
             log.info(kind, job=self.job_id, **fields)
@@ -45,6 +46,11 @@ class EventLog:
     def all(self) -> list[dict[str, Any]]:
         with self._lock:
             return list(self._recent)
+
+
+def _append_no_follow(path: str, flags: int) -> int:
+    # A planted symbolic link in the job's directory never makes the job append to another file.
+    return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
 
 
 def read_events(path: Path) -> list[dict[str, Any]]:

@@ -26,6 +26,7 @@ from slurm_elastic.decide.failures import identical_failure_verdict, record_fail
 from slurm_elastic.decide.health import Liveness, find_unresponsive
 from slurm_elastic.errors import AuthError, ProtocolError
 from slurm_elastic.events import EventLog
+from slurm_elastic.jobdir import private_dir
 from slurm_elastic.rendezvous.service import StoreService
 from slurm_elastic.wire import messages as msg
 from slurm_elastic.wire.channel import HandshakeGate, accept_handshake, read_message, write_message
@@ -76,6 +77,8 @@ class PublicView:
 class Coordinator:
     def __init__(self, config: CoordinatorConfig) -> None:
         self.config = config
+        if config.events_path is not None:  # the job's directory: owner-only, never through a planted link
+            private_dir(config.events_path.parent)
         self.events = EventLog(config.job_id, config.events_path)
         self.policy = m.Policy(
             expected_workers=config.expected_workers,
