@@ -358,11 +358,12 @@ def main(argv: list[str] | None = None) -> int:
 
     configure_logging(os.environ.get("SLURM_ELASTIC_LOG_FORMAT", "console"))  # type: ignore[arg-type]
     node = args.node or os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+    # Out of this process's environment at once: only the workers get it, in theirs (see _spawn).
+    secret = os.environ.pop("SLURM_ELASTIC_SECRET", "")
     try:
         if args.join:
             config = _join_config(args.join, node, command)
         else:
-            secret = os.environ.get("SLURM_ELASTIC_SECRET", "")
             if not (args.coordinator and args.job_id and command and secret):
                 parser.error("--coordinator, --job-id, a command after -- and SLURM_ELASTIC_SECRET are required")
             config = AgentConfig(
