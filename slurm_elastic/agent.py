@@ -207,7 +207,7 @@ class Agent:
     def run(self) -> int:
         cfg = self.config
         become_subreaper()  # what a worker leaves behind comes back to this agent, inside the Slurm step
-        self._channel = connect(cfg.coordinator, secret=cfg.secret, job_id=cfg.job_id, role="agent")
+        self._channel = connect(cfg.coordinator, secret=cfg.secret, job_id=cfg.job_id, role="agent", retry_s=30.0)
         self._channel.send(
             RegisterNode(
                 node=cfg.node,

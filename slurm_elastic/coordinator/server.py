@@ -158,10 +158,11 @@ class Coordinator:
                 role = await accept_handshake(reader, writer, secret=self.config.secret, job_id=self.config.job_id)
             finally:
                 self.gate.leave(writer)
+            if role == "store":  # may stay quiet until its generation's group needs it
+                await self.store.serve(reader, writer)
+                return
             first = await asyncio.wait_for(read_message(reader), 30)
-            if role == "store":
-                await self.store.serve(first, reader, writer)
-            elif role == "worker" and isinstance(first, msg.Register):
+            if role == "worker" and isinstance(first, msg.Register):
                 await self._serve_worker(first, reader, writer)
             elif role == "agent" and isinstance(first, msg.RegisterNode):
                 await self._serve_agent(first, reader, writer)

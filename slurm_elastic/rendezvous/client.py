@@ -13,7 +13,6 @@ from __future__ import annotations
 import datetime
 import itertools
 import threading
-import time
 from collections.abc import Sequence
 
 import torch.distributed as dist
@@ -39,20 +38,14 @@ class _Pending:
 
 
 def _connect(address: str, secret: str, job_id: str, timeout_s: float) -> Channel:
-    """Connect and authenticate, retrying refused or reset connections (a coordinator under a flood of
-    idle connections evicts the oldest handshakes) until `timeout_s`. An impostor is never retried."""
-    deadline = time.monotonic() + timeout_s
-    pause = 0.05
-    while True:
-        try:
-            return connect(address, secret=secret, job_id=job_id, role="store", timeout=min(10.0, timeout_s))
-        except AuthError as exc:
-            raise dist.DistStoreError(f"rendezvous store at {address}: {exc}") from None
-        except (OSError, ConnectionError, ProtocolError) as exc:
-            if time.monotonic() + pause > deadline:
-                raise dist.DistStoreError(f"cannot reach the rendezvous store at {address}: {exc}") from None
-        time.sleep(pause)
-        pause = min(pause * 2, 1.0)
+    """Connect and authenticate, retrying refused or reset connections until `timeout_s` (see
+    wire.channel.connect); an impostor is never retried."""
+    try:
+        return connect(address, secret=secret, job_id=job_id, role="store", timeout=10.0, retry_s=timeout_s)
+    except AuthError as exc:
+        raise dist.DistStoreError(f"rendezvous store at {address}: {exc}") from None
+    except (OSError, ProtocolError) as exc:
+        raise dist.DistStoreError(f"cannot reach the rendezvous store at {address}: {exc}") from None
 
 
 def _bytes(value: str | bytes | Sequence[int]) -> bytes:
@@ -75,6 +68,7 @@ class CoordinatorStore(dist.Store):
         self._calls: dict[int, _Pending] = {}
         self._ids = itertools.count()
         self._closed: str | None = None
+        self._clones: list[CoordinatorStore] = []
         self._reader = threading.Thread(target=self._read_loop, name="se-store", daemon=True)
         self._reader.start()
 
@@ -120,14 +114,22 @@ class CoordinatorStore(dist.Store):
         return [v.decode() for v in self._call("list_keys").values_]
 
     def clone(self) -> CoordinatorStore:
-        return CoordinatorStore(*self._args)
+        """A client of its own connection (torch clones a store for another thread); closed with this one."""
+        clone = CoordinatorStore(*self._args)
+        with self._lock:
+            self._clones.append(clone)
+        return clone
 
     # --- life cycle -----------------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Close the connection; calls in flight fail at once (a generation that was abandoned)."""
+        """Close the connection and its clones'; calls in flight fail at once (a generation that was abandoned)."""
         self._fail_all("the store client was closed")
         self._channel.close()
+        with self._lock:
+            clones, self._clones = self._clones, []
+        for clone in clones:
+            clone.close()
 
     @property
     def closed(self) -> bool:

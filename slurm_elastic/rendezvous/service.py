@@ -17,7 +17,7 @@ import itertools
 from slurm_elastic.errors import ProtocolError
 from slurm_elastic.rendezvous.state import Blocked, Call, Done, Failed, KeyValueState, Limits, Outcome
 from slurm_elastic.wire.channel import read_message, write_message
-from slurm_elastic.wire.messages import Message, StoreReply, StoreRequest
+from slurm_elastic.wire.messages import StoreReply, StoreRequest
 
 __all__ = ["StoreService", "decode_value", "encode_value"]
 
@@ -61,18 +61,17 @@ class StoreService:
     def parked(self) -> int:
         return len({p for ps in self._waiting.values() for p in ps})
 
-    async def serve(self, first: Message, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """Serve one authenticated store connection until it closes."""
         conn = _Connection(writer)
         self._connections.add(conn)
-        message = first
         try:
             while True:
+                message = await read_message(reader)
                 if not isinstance(message, StoreRequest):
                     raise ProtocolError(f"a store connection may send store requests only, not {message.type!r}")
                 self._request(conn, message)
                 await writer.drain()  # a client that does not read its replies stops being read
-                message = await read_message(reader)
         finally:
             self._connections.discard(conn)
             for parked in list(conn.parked):

@@ -24,6 +24,7 @@ import secrets
 import socket
 import struct
 import threading
+import time
 from collections import OrderedDict
 
 from pydantic import BaseModel, ValidationError
@@ -118,8 +119,28 @@ def parse_address(address: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def connect(address: str, *, secret: str, job_id: str, role: Role, timeout: float = 10.0) -> Channel:
-    """Connect to a coordinator; each side proves to the other that it holds the job's secret."""
+def connect(
+    address: str, *, secret: str, job_id: str, role: Role, timeout: float = 10.0, retry_s: float = 0.0
+) -> Channel:
+    """Connect to a coordinator; each side proves to the other that it holds the job's secret.
+
+    With `retry_s`, a connection refused, reset or closed during the handshake (a coordinator starting,
+    or evicting handshakes under a flood of idle connections) is tried again, with backoff, for that
+    long. A failed proof (AuthError) or a malformed answer (ProtocolError) is never retried.
+    """
+    deadline = time.monotonic() + retry_s
+    pause = 0.05
+    while True:
+        try:
+            return _connect_once(address, secret, job_id, role, timeout)
+        except OSError:  # ConnectionError, TimeoutError included
+            if time.monotonic() + pause > deadline:
+                raise
+        time.sleep(pause)
+        pause = min(2 * pause, 1.0)
+
+
+def _connect_once(address: str, secret: str, job_id: str, role: Role, timeout: float) -> Channel:
     host, port = parse_address(address)
     sock = socket.create_connection((host, port), timeout=timeout)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

@@ -64,10 +64,8 @@ def test_the_torch_store_calls(coordinator: tuple[CoordinatorThread, str]) -> No
         assert b.delete_key(key(1, "m1")) and not b.delete_key(key(1, "m1"))
         b.wait([key(1, "x")], datetime.timedelta(seconds=1))
         clone = a.clone()
-        try:
-            assert clone.get(key(1, "m2")) == b"2"
-        finally:
-            clone.close()
+        assert clone.get(key(1, "m2")) == b"2"
+    assert clone.closed  # closed with the store it was cloned from
 
 
 def test_a_get_waits_on_the_coordinator_until_the_key_is_set(coordinator: tuple[CoordinatorThread, str]) -> None:
@@ -217,3 +215,16 @@ def test_a_store_client_refuses_an_impostor_coordinator() -> None:
 
     error = asyncio.run(main())
     assert error is not None and "could not prove that it holds job 'store-test''s secret" in str(error)
+
+
+def test_a_store_connection_carries_store_calls_only(coordinator: tuple[CoordinatorThread, str]) -> None:
+    thread, secret = coordinator
+    channel = ch.connect(thread.address, secret=secret, job_id=JOB, role="store", timeout=5)
+    try:
+        channel.send(msg.StatusRequest())
+        with pytest.raises(ConnectionError):
+            channel.recv(timeout=5)
+    finally:
+        channel.close()
+    refused = [e["reason"] for e in thread.coordinator.events.all() if e["event"] == "connection_refused"]
+    assert refused == ["a store connection may send store requests only, not 'status'"]

@@ -314,3 +314,44 @@ def test_an_oversized_challenge_is_not_read() -> None:
 
     result = asyncio.run(main())
     assert isinstance(result, ProtocolError) and "exceeds the limit of 1024" in str(result)
+
+
+def test_a_handshake_cut_short_is_retried_when_asked() -> None:
+    """A coordinator under a flood evicts the oldest handshakes: an honest client tries again."""
+
+    async def main(retry_s: float) -> Any:
+        seen = 0
+
+        async def on_connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            nonlocal seen
+            seen += 1
+            try:
+                if seen == 1:
+                    writer.transport.abort()  # evicted
+                    return
+                await ch.accept_handshake(reader, writer, secret=SECRET, job_id=JOB)
+                await reader.read()
+            except Exception:
+                pass
+            finally:
+                writer.close()
+
+        server = await asyncio.start_server(on_connection, "127.0.0.1", 0)
+        try:
+            address = f"127.0.0.1:{server.sockets[0].getsockname()[1]}"
+
+            def client() -> str:
+                channel = ch.connect(address, secret=SECRET, job_id=JOB, role="worker", timeout=5, retry_s=retry_s)
+                channel.close()
+                return "connected"
+
+            try:
+                return await asyncio.to_thread(client)
+            except Exception as exc:
+                return exc
+        finally:
+            server.close()
+            await server.wait_closed()
+
+    assert isinstance(asyncio.run(main(0.0)), ConnectionError)
+    assert asyncio.run(main(5.0)) == "connected"
