@@ -1,10 +1,8 @@
 """The per-job coordinator: connections in, events to the pure reducer, its actions out.
 
-It listens on one address only. Workers, agents, clients and store clients connect there, and each side
-proves the job's secret to the other before anything else is read; until then a connection may send
-only small frames, and at most `MAX_PENDING_HANDSHAKES` may be in their handshake. It also serves the
-job's rendezvous store (the keys that wire each generation's process group) to "store" connections,
-and drops a generation's keys once a newer one is announced.
+It listens on one address; each peer and it prove the job's secret to each other before anything else
+(wire.channel: small frames and a bounded number of handshakes until then). It serves the job's
+rendezvous store to "store" connections (rendezvous/) and drops old generations' keys on each announce.
 All state changes happen on one asyncio loop; `CoordinatorThread` runs that loop beside the launcher.
 """
 
