@@ -271,7 +271,7 @@ class Agent:
     def run(self) -> int:
         cfg = self.config
         become_subreaper()  # what a worker leaves behind comes back to this agent, inside the Slurm step
-        self._channel = connect(cfg.coordinator, secret=cfg.secret, job_id=cfg.job_id, role="agent")
+        self._channel = connect(cfg.coordinator, secret=cfg.secret, job_id=cfg.job_id, role="agent", retry_s=30.0)
         self._channel.send(
             RegisterNode(
                 node=cfg.node,
@@ -430,11 +430,12 @@ def main(argv: list[str] | None = None) -> int:
 
     configure_logging(os.environ.get("SLURM_ELASTIC_LOG_FORMAT", "console"))  # type: ignore[arg-type]
     node = args.node or os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+    # Out of this process's environment at once: only the workers get it, in theirs (see _spawn).
+    secret = os.environ.pop("SLURM_ELASTIC_SECRET", "")
     try:
         if args.join:
             config = _join_config(args.join, node, command)
         else:
-            secret = os.environ.get("SLURM_ELASTIC_SECRET", "")
             if not (args.coordinator and args.job_id and command and secret):
                 parser.error("--coordinator, --job-id, a command after -- and SLURM_ELASTIC_SECRET are required")
             config = AgentConfig(

@@ -1,14 +1,24 @@
 """Where a job's files live, and the handle (address and secret) that lets tools reach its coordinator.
 
 `$SLURM_ELASTIC_HOME/jobs/<job id>/` (default home: ~/.slurm-elastic, on the shared file system of a
-cluster) holds `coordinator.json` (mode 0600: it carries the job's secret), `events.jsonl`, checkpoints
-and, when asked for, the sample ledger.
+cluster) holds `coordinator.json` (it carries the job's secret), `launch.json` (the command satellites
+run), `events.jsonl`, checkpoints and, when asked for, the sample ledger.
+
+The home may be shared with other users, so nothing here trusts a path: the job's directory is used only
+when it is a real directory (not a symbolic link) owned by this user, and is made owner-only (0700);
+its parent must not let others replace it. Files are written to a fresh temporary name opened with
+O_CREAT|O_EXCL|O_NOFOLLOW (a name planted by someone else is never written through) and renamed into
+place, mode 0600; readers open them with O_NOFOLLOW and check their owner and mode.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
+import secrets
+import stat
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -16,6 +26,7 @@ from pathlib import Path
 from slurm_elastic.errors import ElasticError
 
 HANDLE = "coordinator.json"
+MAX_FILE_BYTES = 16 * 1024 * 1024
 
 
 def home() -> Path:
@@ -36,20 +47,13 @@ class JobHandle:
     started: float
 
     def write(self, directory: Path) -> Path:
-        directory.mkdir(parents=True, exist_ok=True)
-        path = directory / HANDLE
-        tmp = path.with_suffix(".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as fh:
-            json.dump(asdict(self), fh)
-        os.replace(tmp, path)
-        return path
+        return write_private(directory, HANDLE, json.dumps(asdict(self)).encode())
 
     @classmethod
     def read(cls, directory: Path) -> JobHandle:
         path = directory / HANDLE
         try:
-            return cls(**json.loads(path.read_text()))
+            return cls(**json.loads(read_private(path)))
         except FileNotFoundError:
             raise ElasticError(f"no running job found at {directory} (missing {HANDLE})") from None
         except (ValueError, TypeError) as exc:
@@ -86,16 +90,12 @@ class LaunchInfo:
     lease_timeout_s: float = 10.0
 
     def write(self, directory: Path) -> Path:
-        path = directory / LAUNCH
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(asdict(self)))
-        os.replace(tmp, path)
-        return path
+        return write_private(directory, LAUNCH, json.dumps(asdict(self)).encode())
 
     @classmethod
     def read(cls, directory: Path) -> LaunchInfo:
         try:
-            return cls(**json.loads((directory / LAUNCH).read_text()))
+            return cls(**json.loads(read_private(directory / LAUNCH)))
         except FileNotFoundError:
             raise ElasticError(f"no running job found at {directory} (missing {LAUNCH})") from None
         except (ValueError, TypeError) as exc:
@@ -105,3 +105,87 @@ class LaunchInfo:
 def hook_comment(directory: Path) -> str:
     """The Slurm job comment that lets the admin hooks find the job's coordinator."""
     return f"slurm-elastic:{(directory / HANDLE).resolve()}"
+
+
+# --- private directories and files ------------------------------------------------------------------------
+
+
+def _refuse(path: Path, why: str) -> ElasticError:
+    return ElasticError(f"refusing to use {path}: {why}")
+
+
+def _check_parent(parent: Path) -> None:
+    """Others must not be able to replace or rename what is in `parent` (the home's `jobs/`)."""
+    st = os.stat(parent)
+    me = os.geteuid()
+    if st.st_uid not in (me, 0):
+        raise _refuse(parent, f"it is owned by uid {st.st_uid}, not by you (uid {me}) or root")
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX:
+        raise _refuse(parent, f"others may write to it ({stat.filemode(st.st_mode)}) and it is not sticky")
+
+
+def private_dir(directory: Path) -> Path:
+    """Create `directory` owner-only, or check the one there: a real directory (never a symbolic link)
+    owned by this user, whose parent others cannot write to (unless sticky). A looser mode is tightened
+    to 0700. Raises ElasticError naming the path and what is wrong."""
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    _check_parent(directory.parent)
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(directory, 0o700)
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        why = "it is a symbolic link or not a directory" if exc.errno in (errno.ELOOP, errno.ENOTDIR) else exc.strerror
+        raise _refuse(directory, str(why)) from None
+    try:
+        st = os.fstat(fd)
+        if st.st_uid != os.geteuid():
+            raise _refuse(directory, f"it is owned by uid {st.st_uid}, not by you (uid {os.geteuid()})")
+        if stat.S_IMODE(st.st_mode) != 0o700:
+            os.fchmod(fd, 0o700)
+    finally:
+        os.close(fd)
+    return directory
+
+
+def write_private(directory: Path, name: str, data: bytes) -> Path:
+    """Write `directory/name` (mode 0600) through a fresh temporary name and an atomic rename."""
+    private_dir(directory)
+    path = directory / name
+    tmp = directory / f".{name}.{secrets.token_hex(8)}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
+
+
+def check_private_stat(path: Path, st: os.stat_result, uid: int) -> None:
+    """A file read for a secret or a command: a regular file of `uid` (root may read anyone's), owner-only."""
+    if not stat.S_ISREG(st.st_mode):
+        raise _refuse(path, "it is not a regular file")
+    if st.st_uid != uid and uid != 0:
+        raise _refuse(path, f"it is owned by uid {st.st_uid}, not by you (uid {uid})")
+    if st.st_mode & 0o077:
+        raise _refuse(path, f"its mode is {stat.filemode(st.st_mode)}; it must be private to its owner (0600)")
+    if st.st_size > MAX_FILE_BYTES:
+        raise _refuse(path, f"it is {st.st_size} bytes; the limit is {MAX_FILE_BYTES}")
+
+
+def read_private(path: Path) -> bytes:
+    """Read a file written by `write_private`, without following a link; FileNotFoundError if absent."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise _refuse(path, "it is a symbolic link") from None
+        if isinstance(exc, FileNotFoundError):
+            raise
+        raise _refuse(path, str(exc.strerror)) from None
+    with os.fdopen(fd, "rb") as fh:
+        check_private_stat(path, os.fstat(fh.fileno()), os.geteuid())
+        return fh.read(MAX_FILE_BYTES + 1)

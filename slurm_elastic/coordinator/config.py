@@ -19,7 +19,6 @@ class CoordinatorConfig:
     host: str = "127.0.0.1"
     advertise_host: str | None = None  # the address workers should dial, when it differs from the bind address
     port: int = 0
-    store_port: int = 0
     heartbeat_interval_s: float = 1.0
     lease_timeout_s: float = 10.0
     hang_timeout_s: float = 60.0

@@ -1,8 +1,8 @@
 """The per-job coordinator: connections in, events to the pure reducer, its actions out.
 
-It hosts the job's rendezvous store (a torch TCPStore, used only to wire up each generation's process
-group under a namespace derived from the job's secret) and a control server. Workers, agents and
-clients connect to the control server and prove the job's secret before anything else is read.
+It listens on one address; each peer and it prove the job's secret to each other before anything else
+(wire.channel: small frames and a bounded number of handshakes until then). It serves the job's
+rendezvous store to "store" connections (rendezvous/) and drops old generations' keys on each announce.
 All state changes happen on one asyncio loop; `CoordinatorThread` runs that loop beside the launcher.
 """
 
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import threading
 import time
 from collections import deque
@@ -27,14 +26,17 @@ from slurm_elastic.decide.failures import ExitRecord, identical_failure_verdict,
 from slurm_elastic.decide.health import Liveness, find_unresponsive, stalled_for
 from slurm_elastic.errors import AuthError, InvalidMessage, ProtocolError
 from slurm_elastic.events import EventLog
+from slurm_elastic.jobdir import private_dir
+from slurm_elastic.rendezvous.service import StoreService
 from slurm_elastic.wire import messages as msg
-from slurm_elastic.wire.channel import accept_handshake, read_message, write_message
+from slurm_elastic.wire.channel import HandshakeGate, accept_handshake, read_message, write_message
 
 log = structlog.get_logger("slurm_elastic.coordinator")
 TICK_S = 0.1
 MAX_COMMIT_RECORDS = 10_000  # the newest commits kept for tools (MTTR, demos); events.jsonl has them all
 MAX_TRACEBACKS = 100
 _RESERVED_FIELDS = frozenset({"event", "job", "time", "worker", "quiet", "kind"})  # set by the coordinator
+STORE_PREFIX = "rdzv"  # generation g's keys: rdzv/g<g>/...
 
 
 @dataclass
@@ -79,6 +81,8 @@ class PublicView:
 class Coordinator:
     def __init__(self, config: CoordinatorConfig) -> None:
         self.config = config
+        if config.events_path is not None:  # the job's directory: owner-only, never through a planted link
+            private_dir(config.events_path.parent)
         self.events = EventLog(config.job_id, config.events_path)
         self.policy = m.Policy(
             expected_workers=config.expected_workers,
@@ -105,10 +109,10 @@ class Coordinator:
         self.pool_keep_pending = 0  # read by the Slurm launcher, set by `grow --keep-pending`
         self.pool_partition: str | None = None
         self.drained_nodes: set[str] = set()  # every node ever asked to leave: never relaunched
-        self.store: Any = None
+        self.store = StoreService(STORE_PREFIX)
+        self.gate = HandshakeGate()
         self.server: asyncio.AbstractServer | None = None
         self.address = ""
-        self.store_prefix = "se-" + hashlib.sha256(config.secret.encode()).hexdigest()[:24]
 
     # --- thread-safe reads ----------------------------------------------------------------------------
 
@@ -137,17 +141,13 @@ class Coordinator:
     # --- start-up -------------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        import torch.distributed as dist  # imported here: the agent and CLI clients never pay for torch
-
         cfg = self.config
-        self.store = dist.TCPStore(cfg.host, cfg.store_port, is_master=True, wait_for_workers=False, use_libuv=True)
         self.server = await asyncio.start_server(self._on_connect, cfg.host, cfg.port)
         port = self.server.sockets[0].getsockname()[1]
         self.address = f"{cfg.advertise_host or cfg.host}:{port}"
         self.events.emit(
             "coordinator_started",
             address=self.address,
-            store_port=self.store.port,
             expected_workers=cfg.expected_workers,
             recovery=cfg.recovery,
         )
@@ -160,9 +160,7 @@ class Coordinator:
             lease_timeout_s=cfg.lease_timeout_s,
             pg_timeout_s=cfg.pg_timeout_s,
             backend=cfg.backend,
-            store_host=cfg.advertise_host or cfg.host,
-            store_port=self.store.port,
-            store_prefix=self.store_prefix,
+            store_prefix=STORE_PREFIX,
             load_checkpoint=self.state.phase == "rendezvous",
             run=cfg.run,
         )
@@ -171,7 +169,14 @@ class Coordinator:
 
     async def _on_connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            role = await accept_handshake(reader, writer, secret=self.config.secret, job_id=self.config.job_id)
+            self.gate.enter(writer)
+            try:
+                role = await accept_handshake(reader, writer, secret=self.config.secret, job_id=self.config.job_id)
+            finally:
+                self.gate.leave(writer)
+            if role == "store":  # may stay quiet until its generation's group needs it
+                await self.store.serve(reader, writer)
+                return
             first = await asyncio.wait_for(read_message(reader), 30)
             if role == "worker" and isinstance(first, msg.Register):
                 await self._serve_worker(first, reader, writer)
@@ -456,6 +461,7 @@ class Coordinator:
         gen = a.generation
         self._registered.clear()  # the job runs: only exits before the next rendezvous matter again
         self._final_exits.clear()
+        self.store.prune(gen.number)  # the older generations' groups are formed or abandoned: drop their keys
         for rank, wid in enumerate(gen.ranks):
             self._send(
                 self.workers.get(wid),

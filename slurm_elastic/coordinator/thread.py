@@ -75,6 +75,8 @@ class CoordinatorThread:
                 coord.server.close()
             for peer in (*coord.workers.values(), *coord.agents.values()):
                 peer.writer.close()
+            coord.store.close()
+            coord.gate.abort_all()
 
         with contextlib.suppress(Exception):
             asyncio.run_coroutine_threadsafe(shutdown(), self._loop).result(timeout=10)

@@ -1,11 +1,14 @@
 """`slurm-elastic hooks check`: is an installation complete, safe to run as root, and enabled?
 
 Each finding is one line (`ok` / `FAIL` / `warn`); any FAIL makes the command exit 1. The slurm.conf
-checks are pure functions of the file's text.
+checks are pure functions of the file's text. Run as root, it also checks that what Slurm will execute as
+root is root's alone: the wrappers, hooks.toml, the interpreter (and every directory above it) and every
+directory and file on its import path (site-packages included).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import subprocess
@@ -16,12 +19,21 @@ from pathlib import Path
 from slurm_elastic.errors import ConfigError
 from slurm_elastic.hooks import HOOK_MODULES
 from slurm_elastic.hooks.install import KILL_GRACE_S, MIN_INTERVAL_S, REQUIRED, read_baked
+from slurm_elastic.hooks.safedir import check_root_file, check_root_tree
 from slurm_elastic.hooks.settings import CONFIG_NAME, parse_settings
 
 __all__ = ["Finding", "check_conf", "check_installation", "parse_slurm_conf"]
 
 _IMPORTS = "; ".join(f"import slurm_elastic.hooks.{m}" for m in HOOK_MODULES)
 _PROBE = f"{_IMPORTS}; import slurm_elastic.wire.channel, slurm_elastic; print(slurm_elastic.__version__)"
+# Where imports come from, without importing the package: sys.path, and the package's own directory (an
+# editable install maps it through a finder, outside sys.path).
+_PATHS = (
+    "import importlib.util, json, sys; spec = importlib.util.find_spec('slurm_elastic'); "
+    "print(json.dumps({'executable': sys.executable, 'path': sys.path + "
+    "list(spec.submodule_search_locations or []) if spec else sys.path}))"
+)
+MAX_REPORTED = 5
 
 
 @dataclass(frozen=True)
@@ -58,7 +70,41 @@ def _check_file(path: Path, as_root: bool, *, optional: bool) -> Finding:
     return Finding("ok", what, f"{path} ({stat.filemode(st.st_mode)})")
 
 
-def _check_python(prefix: Path) -> tuple[list[Finding], int | None]:
+def _check_root_code(python: str) -> list[Finding]:
+    """The interpreter the wrappers run and every entry of its import path (as `-I` gives it): root's, and
+    writable by no one else. Otherwise any user who can change one of them runs code as root on every node."""
+    try:
+        done = subprocess.run([python, "-I", "-c", _PATHS], capture_output=True, text=True, timeout=60, check=False)
+        info = json.loads(done.stdout)
+        executable, path = str(info["executable"]), list(dict.fromkeys(str(p) for p in info["path"] if p))
+    except (OSError, subprocess.TimeoutExpired, ValueError, KeyError, TypeError):
+        return []  # the import probe reports an interpreter that does not run
+    unsafe = [why for why in dict.fromkeys(map(check_root_file, (python, executable))) if why]
+    what = f"{python}" + (f" ({executable})" if executable != python else "")
+    findings = [Finding("FAIL", "interpreter owner", f"{'; '.join(unsafe)}: Slurm runs it as root") if unsafe
+                else Finding("ok", "interpreter owner", f"{what}: root's only")]  # fmt: skip
+    issues: list[str] = []
+    walked: list[str] = []
+    for entry in path:
+        if any(entry.startswith(done.rstrip("/") + "/") for done in walked):
+            continue  # inside a directory already walked (the standard library holds site-packages)
+        walked.append(entry)
+        if os.path.isfile(entry):
+            why = check_root_file(entry)
+            issues += [why] if why else []
+        else:
+            issues += check_root_tree(entry, limit=MAX_REPORTED)
+        if len(issues) >= MAX_REPORTED:
+            break
+    if issues:
+        detail = "; ".join(issues[:MAX_REPORTED]) + ": Slurm imports from it as root"
+        findings.append(Finding("FAIL", "import path", detail))
+    else:
+        findings.append(Finding("ok", "import path", f"{len(path)} entries (site-packages included), root's only"))
+    return findings
+
+
+def _check_python(prefix: Path, as_root: bool = False) -> tuple[list[Finding], int | None]:
     try:
         baked = read_baked((prefix / "prolog").read_text())
     except OSError:
@@ -78,6 +124,8 @@ def _check_python(prefix: Path) -> tuple[list[Finding], int | None]:
         last = (done.stderr.strip().splitlines() or ["?"])[-1]
         return [*findings, Finding("FAIL", "interpreter", f"{python} cannot import the hooks: {last}")], timeout
     findings.append(Finding("ok", "interpreter", f"{python} (slurm-elastic {done.stdout.strip()})"))
+    if as_root:
+        findings += _check_root_code(python)
     return findings, timeout
 
 
@@ -161,7 +209,7 @@ def check_installation(prefix: Path, slurm_conf: Path | None = None, *, as_root:
     findings.append(Finding("FAIL" if unsafe else "ok", "prefix", f"{prefix} is {unsafe}" if unsafe else str(prefix)))
     for name in HOOK_MODULES:
         findings.append(_check_file(prefix / name, as_root, optional=name not in REQUIRED))
-    python_findings, timeout = _check_python(prefix)
+    python_findings, timeout = _check_python(prefix, as_root)
     findings += python_findings
     findings.append(_check_config(prefix, as_root, timeout))
     if slurm_conf is not None:

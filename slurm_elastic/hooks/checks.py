@@ -1,21 +1,23 @@
 """Node health, as the Prolog and the HealthCheckProgram see it.
 
 Checks: GPUs visible and healthy (where nvidia-smi exists), free space in /dev/shm and in slurmd's spool,
-the data cache directory writable. A fatal problem (a GPU missing or broken) makes the node FAIL, a
-degraded one (little space, a GPU with uncorrected ECC errors, the cache not writable) DRAINs it.
+the data cache directory writable (and root's: a user's plant there is reported, never acted on). A fatal
+problem (a GPU missing or broken) makes the node FAIL, a degraded one (little space, a GPU with uncorrected
+ECC errors, the cache not writable) DRAINs it.
 Pure verdicts on measured facts, with the few measurements beside them.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import subprocess
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from slurm_elastic.hooks.safedir import UnsafePath, open_root_dir
 from slurm_elastic.hooks.settings import HookSettings, expand_node_path
 
 __all__ = [
@@ -60,17 +62,30 @@ def space_problem(check: str, path: str, free: int | None, minimum_mb: int) -> P
     return None
 
 
-def cache_problem(path: str) -> Problem | None:
-    """The data cache directory exists (created sticky and world-writable like /tmp) and takes a file."""
+def cache_problem(path: str, notices: list[str] | None = None) -> Problem | None:
+    """The data cache directory exists (root's, sticky and world-writable like /tmp) and takes a file.
+
+    It is created, its mode set and a probe file written through descriptors reached from / (see
+    hooks.safedir): a link or a directory another user planted on the way is never followed, changed or
+    written to. Nor does it drain the node: it is reported in `notices` (the hook logs it), and the
+    jobs' workers read their data from its origin instead.
+    """
     try:
-        if not os.path.isdir(path):
-            os.makedirs(path, exist_ok=True)
-            os.chmod(path, 0o1777)  # every job's user creates its own <job id> directory here
-        fd, probe = tempfile.mkstemp(prefix=".health-", dir=path)
-        os.close(fd)
-        os.unlink(probe)
+        fd = open_root_dir(path, create_mode=0o1777)  # every job's user creates its own <job id> directory here
+    except UnsafePath as exc:
+        if notices is not None:
+            notices.append(f"data cache {path} not used: {exc}")
+        return None
     except OSError as exc:
         return Problem("cache", "degraded", f"data cache {path} is not writable: {exc.strerror}")
+    try:
+        probe = f".health-{secrets.token_hex(8)}"
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=fd))
+        os.unlink(probe, dir_fd=fd)
+    except OSError as exc:
+        return Problem("cache", "degraded", f"data cache {path} is not writable: {exc.strerror}")
+    finally:
+        os.close(fd)
     return None
 
 
@@ -116,8 +131,11 @@ def _gpu_check(settings: HookSettings) -> list[Problem]:
     return gpu_problems(done.returncode, done.stdout, done.stderr, settings.expected_gpus)
 
 
-def run_checks(settings: HookSettings, node: str, spool_dir: str | None) -> list[Problem]:
-    """Every check, in a fixed order. `spool_dir` None: not known here, not checked."""
+def run_checks(
+    settings: HookSettings, node: str, spool_dir: str | None, notices: list[str] | None = None
+) -> list[Problem]:
+    """Every check, in a fixed order. `spool_dir` None: not known here, not checked. What must be
+    reported but must not drain the node (a user's plant in the cache path) goes to `notices`."""
     problems = _gpu_check(settings)
     checks: Sequence[tuple[str, str | None, int]] = (
         ("shm", "/dev/shm", settings.min_free_shm_mb),
@@ -128,7 +146,7 @@ def run_checks(settings: HookSettings, node: str, spool_dir: str | None) -> list
             found = space_problem(name, path, free_mb(path), minimum)
             if found is not None:
                 problems.append(found)
-    cache = cache_problem(expand_node_path(settings.cache_dir, node))
+    cache = cache_problem(expand_node_path(settings.cache_dir, node), notices)
     if cache is not None:
         problems.append(cache)
     return problems

@@ -55,8 +55,8 @@ def _notify(env: JobEnv, node: str, r: base.Run) -> None:
 def _cleanup(env: JobEnv, node: str, r: base.Run) -> None:
     started = time.monotonic()
     pids = find_leftovers(env.job_id, node, env.uid)
-    alive = kill_leftovers(pids) if pids else []
-    cache = remove_job_cache(expand_node_path(r.settings.cache_dir, node), env.job_id)
+    alive = kill_leftovers(pids, env.job_id, node, env.uid) if pids else []
+    cache = remove_job_cache(expand_node_path(r.settings.cache_dir, node), env.job_id, env.uid)
     r.log.event(
         "cleanup",
         "ok" if not alive and not cache.startswith("refused") else "partial",

@@ -35,7 +35,10 @@ BUSY_GRACE_S = 1.0
 def _checks(node: str, info: NodeInfo | None, slurm: HookSlurm, r: base.Run) -> NodeInfo | None:
     """Run the node checks and set the node's state; returns the node as it is now."""
     started = time.monotonic()
-    problems = run_checks(r.settings, node, base.spool_dir(r.settings, node, slurm.spool_dir, r.log))
+    notices: list[str] = []
+    problems = run_checks(r.settings, node, base.spool_dir(r.settings, node, slurm.spool_dir, r.log), notices)
+    for notice in notices:
+        r.log.event("cache", "refused", error=notice)
     update = node_update(HOOK, info, problems, r.settings.resume_when_healthy)
     elapsed = int((time.monotonic() - started) * 1000)
     if problems:

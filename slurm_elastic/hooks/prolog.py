@@ -29,7 +29,10 @@ def run(environ: Mapping[str, str]) -> int:
         r.log.event("check", "disabled")
         return base.EX_OK
     slurm = HookSlurm(timeout_s=base.SLURM_TIMEOUT_S)
-    problems = run_checks(r.settings, env.node, base.spool_dir(r.settings, env.node, slurm.spool_dir, r.log))
+    notices: list[str] = []
+    problems = run_checks(r.settings, env.node, base.spool_dir(r.settings, env.node, slurm.spool_dir, r.log), notices)
+    for notice in notices:
+        r.log.event("cache", "refused", error=notice)
     elapsed = int((time.monotonic() - started) * 1000)
     if not problems:
         r.log.event("check", "ok", duration_ms=elapsed)

@@ -1,8 +1,17 @@
-"""Framing and authentication of control connections.
+"""Framing and mutual authentication of control connections.
 
-A frame is a 4-byte big-endian length and one JSON message. Every connection starts with a
-challenge-response: the server sends a random nonce, the client answers HMAC-SHA256(secret, nonce|role|job)
-so the secret itself never crosses the wire; a wrong or missing proof closes the connection.
+A frame is a 4-byte big-endian length and one JSON message. Every connection starts with a mutual
+challenge-response, so the secret itself never crosses the wire:
+
+    server -> Challenge(job, server nonce)
+    client -> Hello(role, job, client nonce, HMAC-SHA256(secret, server nonce|role|job))
+    server -> Welcome(HMAC-SHA256(secret, "server"|client nonce|server nonce|role|job))  or Refused
+
+The server checks the client's proof before it says anything else, and the client checks the server's
+before it trusts anything the server says: a process that took over a stale coordinator address cannot
+pass. Before a peer is authenticated only frames of at most PREAUTH_MAX_FRAME bytes are read, the whole
+handshake must end within HANDSHAKE_TIMEOUT_S, and the coordinator keeps at most a fixed number of
+connections in their handshake (`HandshakeGate`).
 """
 
 from __future__ import annotations
@@ -15,14 +24,18 @@ import secrets
 import socket
 import struct
 import threading
+import time
+from collections import OrderedDict
 
 from pydantic import BaseModel, ValidationError
 
 from slurm_elastic.errors import AuthError, InvalidMessage, ProtocolError
 from slurm_elastic.wire.messages import Challenge, Hello, Message, Refused, Role, Welcome, parse_message
 
-MAX_FRAME = 4 * 1024 * 1024
+MAX_FRAME = 16 * 1024 * 1024  # read only from authenticated peers: a store value (8 MiB) in base64 fits
+PREAUTH_MAX_FRAME = 1024  # a Challenge, Hello, Welcome or Refused is a few hundred bytes
 HANDSHAKE_TIMEOUT_S = 5.0
+MAX_PENDING_HANDSHAKES = 64
 _HEADER = struct.Struct(">I")
 
 
@@ -31,7 +44,15 @@ def new_secret() -> str:
 
 
 def proof(secret: str, nonce: str, role: str, job_id: str) -> str:
+    """The client's proof: binds the server's fresh nonce, the role it asks for and the job."""
     return hmac.new(secret.encode(), f"{nonce}|{role}|{job_id}".encode(), hashlib.sha256).hexdigest()
+
+
+def server_proof(secret: str, client_nonce: str, server_nonce: str, role: str, job_id: str) -> str:
+    """The server's proof: binds the client's fresh nonce. Its message starts with `server|`, which a
+    client's (a hex nonce first) never does, so one side's proof can never be replayed as the other's."""
+    message = f"server|{client_nonce}|{server_nonce}|{role}|{job_id}"
+    return hmac.new(secret.encode(), message.encode(), hashlib.sha256).hexdigest()
 
 
 def encode_frame(msg: BaseModel) -> bytes:
@@ -49,9 +70,10 @@ def decode_body(body: bytes) -> Message:
         raise InvalidMessage(f"invalid control message: {first['msg']} at {first['loc']}") from None
 
 
-def _check_length(length: int) -> int:
-    if length > MAX_FRAME:
-        raise ProtocolError(f"frame of {length} bytes exceeds the limit of {MAX_FRAME}")
+def _check_length(length: int, limit: int | None = None) -> int:
+    limit = MAX_FRAME if limit is None else limit
+    if length > limit:
+        raise ProtocolError(f"frame of {length} bytes exceeds the limit of {limit}")
     return length
 
 
@@ -70,10 +92,10 @@ class Channel:
         with self._send_lock:
             self._sock.sendall(data)
 
-    def recv(self, timeout: float | None = None) -> Message:
+    def recv(self, timeout: float | None = None, max_frame: int | None = None) -> Message:
         self._sock.settimeout(timeout)
         (length,) = _HEADER.unpack(self._recv_exact(_HEADER.size))
-        return decode_body(self._recv_exact(_check_length(length)))
+        return decode_body(self._recv_exact(_check_length(length, max_frame)))
 
     def _recv_exact(self, n: int) -> bytes:
         buf = bytearray()
@@ -97,24 +119,52 @@ def parse_address(address: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def connect(address: str, *, secret: str, job_id: str, role: Role, timeout: float = 10.0) -> Channel:
-    """Connect to a coordinator and prove knowledge of the job's secret."""
+def connect(
+    address: str, *, secret: str, job_id: str, role: Role, timeout: float = 10.0, retry_s: float = 0.0
+) -> Channel:
+    """Connect to a coordinator; each side proves to the other that it holds the job's secret.
+
+    With `retry_s`, a connection refused, reset or closed during the handshake (a coordinator starting,
+    or evicting handshakes under a flood of idle connections) is tried again, with backoff, for that
+    long. A failed proof (AuthError) or a malformed answer (ProtocolError) is never retried.
+    """
+    deadline = time.monotonic() + retry_s
+    pause = 0.05
+    while True:
+        try:
+            return _connect_once(address, secret, job_id, role, timeout)
+        except OSError:  # ConnectionError, TimeoutError included
+            if time.monotonic() + pause > deadline:
+                raise
+        time.sleep(pause)
+        pause = min(2 * pause, 1.0)
+
+
+def _connect_once(address: str, secret: str, job_id: str, role: Role, timeout: float) -> Channel:
     host, port = parse_address(address)
     sock = socket.create_connection((host, port), timeout=timeout)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     channel = Channel(sock)
     try:
-        challenge = channel.recv(timeout=HANDSHAKE_TIMEOUT_S)
+        challenge = channel.recv(timeout=HANDSHAKE_TIMEOUT_S, max_frame=PREAUTH_MAX_FRAME)
         if not isinstance(challenge, Challenge):
             raise ProtocolError(f"expected a challenge from {address}, got {challenge.type!r}")
         if challenge.job_id != job_id:
             raise AuthError(f"{address} serves job {challenge.job_id!r}, not {job_id!r}")
-        channel.send(Hello(role=role, job_id=job_id, proof=proof(secret, challenge.nonce, role, job_id)))
-        answer = channel.recv(timeout=HANDSHAKE_TIMEOUT_S)
+        mine = secrets.token_hex(16)
+        hello = Hello(role=role, job_id=job_id, nonce=mine, proof=proof(secret, challenge.nonce, role, job_id))
+        channel.send(hello)
+        answer = channel.recv(timeout=HANDSHAKE_TIMEOUT_S, max_frame=PREAUTH_MAX_FRAME)
         if isinstance(answer, Refused):
             raise AuthError(f"coordinator {address} refused the connection: {answer.reason}")
         if not isinstance(answer, Welcome):
             raise ProtocolError(f"expected welcome from {address}, got {answer.type!r}")
+        expected = server_proof(secret, mine, challenge.nonce, role, job_id)
+        if not hmac.compare_digest(expected, answer.proof):
+            raise AuthError(
+                f"{address} could not prove that it holds job {job_id!r}'s secret: not its coordinator "
+                "(a stale address taken over by another process?)"
+            )
     except BaseException:
         channel.close()
         raise
@@ -135,10 +185,10 @@ def request(address: str, msg: BaseModel, *, secret: str, job_id: str, timeout: 
 # --- asyncio side: the coordinator ------------------------------------------------------------------
 
 
-async def read_message(reader: asyncio.StreamReader) -> Message:
+async def read_message(reader: asyncio.StreamReader, max_frame: int | None = None) -> Message:
     header = await reader.readexactly(_HEADER.size)
     (length,) = _HEADER.unpack(header)
-    return decode_body(await reader.readexactly(_check_length(length)))
+    return decode_body(await reader.readexactly(_check_length(length, max_frame)))
 
 
 def write_message(writer: asyncio.StreamWriter, msg: BaseModel) -> None:
@@ -148,14 +198,20 @@ def write_message(writer: asyncio.StreamWriter, msg: BaseModel) -> None:
 async def accept_handshake(
     reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *, secret: str, job_id: str
 ) -> Role:
-    """Run the server side of the handshake; returns the client's role or raises AuthError/ProtocolError."""
+    """Run the server side of the handshake within HANDSHAKE_TIMEOUT_S; returns the client's role or
+    raises AuthError (a wrong or missing proof, too slow) or ProtocolError (a malformed or oversized frame)."""
+    try:
+        async with asyncio.timeout(HANDSHAKE_TIMEOUT_S):
+            return await _handshake(reader, writer, secret, job_id)
+    except TimeoutError:
+        raise AuthError(f"no hello within the handshake timeout of {HANDSHAKE_TIMEOUT_S:g} s") from None
+
+
+async def _handshake(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, secret: str, job_id: str) -> Role:
     nonce = secrets.token_hex(16)
     write_message(writer, Challenge(job_id=job_id, nonce=nonce))
     await writer.drain()
-    try:
-        hello = await asyncio.wait_for(read_message(reader), HANDSHAKE_TIMEOUT_S)
-    except TimeoutError:
-        raise AuthError("no hello within the handshake timeout") from None
+    hello = await read_message(reader, PREAUTH_MAX_FRAME)
     if not isinstance(hello, Hello):
         raise AuthError(f"expected hello, got {hello.type!r}")
     expected = proof(secret, nonce, hello.role, job_id)
@@ -163,6 +219,37 @@ async def accept_handshake(
         write_message(writer, Refused(reason="bad job secret"))
         await writer.drain()
         raise AuthError(f"bad proof from a {hello.role!r} client")
-    write_message(writer, Welcome())
+    write_message(writer, Welcome(proof=server_proof(secret, hello.nonce, nonce, hello.role, job_id)))
     await writer.drain()
     return hello.role
+
+
+class HandshakeGate:
+    """Bounds the connections that have not yet authenticated: past `limit`, a new one evicts the oldest.
+
+    An honest client finishes its handshake within a round trip or two; a connection that idles in its
+    handshake is what gets evicted, so a flood of idle connections can hold neither file descriptors nor
+    memory, and cannot lock honest clients out for the handshake timeout as a plain cap would.
+    """
+
+    def __init__(self, limit: int = MAX_PENDING_HANDSHAKES) -> None:
+        self.limit = limit
+        self._pending: OrderedDict[asyncio.StreamWriter, None] = OrderedDict()
+        self.evicted = 0
+
+    def enter(self, writer: asyncio.StreamWriter) -> None:
+        while len(self._pending) >= self.limit:
+            oldest, _ = self._pending.popitem(last=False)
+            oldest.transport.abort()
+            self.evicted += 1
+        self._pending[writer] = None
+
+    def leave(self, writer: asyncio.StreamWriter) -> None:
+        self._pending.pop(writer, None)
+
+    def abort_all(self) -> None:
+        while self._pending:
+            self._pending.popitem()[0].transport.abort()
+
+    def __len__(self) -> int:
+        return len(self._pending)

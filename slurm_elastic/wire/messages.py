@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 WorkerId = Annotated[str, Field(min_length=1, max_length=200)]
 NodeName = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.:\-\[\],]+$")]
-Role = Literal["worker", "agent", "client"]
+Role = Literal["worker", "agent", "client", "store"]
 Phase = Literal["init", "compute", "allreduce", "optimizer", "commit", "recovery", "boundary", "done"]
 DrainMode = Literal["boundary", "now"]
 
@@ -23,28 +23,41 @@ class _Msg(BaseModel):
 
 
 # --- handshake -------------------------------------------------------------------------------------
+# Read before the peer is authenticated: every field has a strict, small shape (lower-case hex only).
+
+JobId = Annotated[str, Field(min_length=1, max_length=200)]
+Nonce = Annotated[str, Field(min_length=32, max_length=128, pattern=r"^[0-9a-f]+$")]
+Proof = Annotated[str, Field(min_length=64, max_length=64, pattern=r"^[0-9a-f]+$")]
 
 
 class Challenge(_Msg):
+    """Server -> client: a fresh nonce the client's proof must cover."""
+
     type: Literal["challenge"] = "challenge"
-    job_id: str
-    nonce: str = Field(min_length=32, max_length=128)
+    job_id: JobId
+    nonce: Nonce
 
 
 class Hello(_Msg):
+    """Client -> server: its proof of the secret, and a fresh nonce the server's proof must cover."""
+
     type: Literal["hello"] = "hello"
     role: Role
-    job_id: str
-    proof: str = Field(min_length=64, max_length=64)
+    job_id: JobId
+    nonce: Nonce
+    proof: Proof
 
 
 class Welcome(_Msg):
+    """Server -> client: admitted; `proof` shows that the server holds the secret too."""
+
     type: Literal["welcome"] = "welcome"
+    proof: Proof
 
 
 class Refused(_Msg):
     type: Literal["refused"] = "refused"
-    reason: str
+    reason: str = Field(max_length=200)
 
 
 # --- worker -> coordinator --------------------------------------------------------------------------
@@ -122,9 +135,7 @@ class WorkerSettings(_Msg):
     lease_timeout_s: float = Field(default=10.0, gt=0)  # the coordinator silent this long: it is gone
     pg_timeout_s: float = Field(gt=0)
     backend: Literal["auto", "gloo", "nccl"]
-    store_host: str
-    store_port: int = Field(ge=1, le=65535)
-    store_prefix: str
+    store_prefix: str  # the rendezvous store is the coordinator's: reached at its address, role "store"
     load_checkpoint: bool = False  # only workers of the job's first generation; joiners heal from peers
     run: int = Field(default=0, ge=0)  # how many times the whole job was restarted (Slurm requeues)
 
@@ -261,6 +272,38 @@ class StatusReply(_Msg):
     events: list[dict[str, Any]]
 
 
+# --- the rendezvous store (role "store"): torch's Store calls, served by the coordinator ------------------
+
+StoreOp = Literal[
+    "set", "get", "add", "compare_set", "wait", "check", "delete_key", "num_keys", "append", "multi_get",
+    "multi_set", "list_keys",
+]  # fmt: skip
+StoreKey = Annotated[str, Field(min_length=1, max_length=512)]
+MAX_STORE_ITEMS = 1024
+
+
+class StoreRequest(_Msg):
+    """One call of a torch Store; `values` are base64. Blocking calls (get, wait, multi_get) wait at most
+    `timeout_ms` for their keys. Replies carry the request's `id`, so calls of several threads interleave."""
+
+    type: Literal["store"] = "store"
+    id: int = Field(ge=0, le=2**53)
+    op: StoreOp
+    keys: list[StoreKey] = Field(default_factory=list, max_length=MAX_STORE_ITEMS)
+    values: list[str] = Field(default_factory=list, max_length=MAX_STORE_ITEMS)
+    amount: int = Field(default=0, ge=-(2**62), le=2**62)
+    timeout_ms: int = Field(default=0, ge=0, le=86_400_000)
+
+
+class StoreReply(_Msg):
+    type: Literal["store_reply"] = "store_reply"
+    id: int = Field(ge=0, le=2**53)
+    ok: bool = True
+    values: list[str] = Field(default_factory=list, max_length=MAX_STORE_ITEMS)
+    number: int = 0
+    error: str = Field(default="", max_length=2000)
+
+
 Message = Annotated[
     Challenge
     | Hello
@@ -288,7 +331,9 @@ Message = Annotated[
     | KeepPending
     | StatusRequest
     | Ack
-    | StatusReply,
+    | StatusReply
+    | StoreRequest
+    | StoreReply,
     Field(discriminator="type"),
 ]
 

@@ -30,6 +30,7 @@ from slurm_elastic.wire.messages import (
 from slurm_elastic.worker.comm import Interrupt
 
 Announcement = Assign | Leave | Stop
+CONNECT_RETRY_S = 30.0  # a coordinator under a flood of idle connections may evict a handshake or two
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,9 @@ class ControlClient:
 
     def register(self, committed_step: int, pid: int) -> WorkerSettings:
         ident = self.identity
-        self._channel = connect(self._address, secret=self._secret, job_id=ident.job_id, role="worker")
+        self._channel = connect(
+            self._address, secret=self._secret, job_id=ident.job_id, role="worker", retry_s=CONNECT_RETRY_S
+        )
         self._channel.send(
             Register(
                 worker_id=ident.worker_id,

@@ -1,4 +1,9 @@
-"""What the agent tells a worker through its environment. Absent a coordinator, the worker runs alone."""
+"""What the agent tells a worker through its environment. Absent a coordinator, the worker runs alone.
+
+The job's secret arrives in SLURM_ELASTIC_SECRET and leaves the environment as soon as the worker library
+is imported (and again whenever the environment is read): the user's training code, and every process
+it starts, never inherit it. The library keeps it in this process's memory only.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +16,20 @@ from slurm_elastic.errors import ConfigError
 from slurm_elastic.faults import FaultPlan
 
 PREFIX = "SLURM_ELASTIC_"
+SECRET = PREFIX + "SECRET"
+_taken = ""  # the secret, once removed from os.environ
+
+
+def take_secret() -> str:
+    """Remove the job's secret from os.environ and return it (the same value on every later call)."""
+    global _taken
+    value = os.environ.pop(SECRET, None)
+    if value:
+        _taken = value
+    return _taken
+
+
+take_secret()  # at import: before the user's code can start a subprocess with the secret in it
 
 
 @dataclass(frozen=True)
@@ -69,16 +88,18 @@ def _path(env: Mapping[str, str], name: str) -> Path | None:
 
 
 def worker_env(env: Mapping[str, str] | None = None) -> WorkerEnv:
+    """The worker's settings from `env`; from os.environ by default, whose secret is taken out of it."""
+    secret = take_secret() if env is None else env.get(SECRET, "")
     env = os.environ if env is None else env
     coordinator = env.get(PREFIX + "COORDINATOR") or None
-    if coordinator and not env.get(PREFIX + "SECRET"):
-        raise ConfigError(f"{PREFIX}COORDINATOR is set but {PREFIX}SECRET is missing")
+    if coordinator and not secret:
+        raise ConfigError(f"{PREFIX}COORDINATOR is set but {SECRET} is missing")
     node = env.get(PREFIX + "NODE", "standalone")
     local_rank = _int(env, "LOCAL_RANK", 0)
     incarnation = _int(env, "INCARNATION", 0)
     return WorkerEnv(
         coordinator=coordinator,
-        secret=env.get(PREFIX + "SECRET", ""),
+        secret=secret,
         job_id=env.get(PREFIX + "JOB_ID", "standalone"),
         node=node,
         local_rank=local_rank,

@@ -1,14 +1,13 @@
 """The seams of a worker: what its runtime receives instead of building it, so tests can run ranks as
 threads with a group that fails a chosen collective, or a fault plan, without touching the training loop.
 
-The defaults are the real things: a control connection to the coordinator, a TCPStore client, a gloo
-or NCCL process group, the fault plan from the environment, and the process hooks (SIGTERM becomes a drain,
-an uncaught exception is reported).
+The defaults are the real things: a control connection to the coordinator, a client of the coordinator's
+rendezvous store (authenticated with the job's secret), a gloo or NCCL process group, the fault plan from
+the environment, and the process hooks (SIGTERM becomes a drain, an uncaught exception is reported).
 """
 
 from __future__ import annotations
 
-import datetime
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -49,22 +48,20 @@ class Faults(Protocol):
 
 
 ControlFactory = Callable[[str, str, Identity, Interrupt], Control]
-StoreFactory = Callable[[str, int, float], Any]  # (host, port, timeout_s) -> a store client
+StoreFactory = Callable[[str, str, str, float], Any]  # (coordinator address, secret, job id, timeout_s) -> a Store
 GroupFactory = Callable[..., Group]  # Group.form's signature
 
 
-def tcp_store_client(host: str, port: int, timeout_s: float) -> Any:
-    import torch.distributed as dist
+def coordinator_store(address: str, secret: str, job_id: str, timeout_s: float) -> Any:
+    from slurm_elastic.rendezvous.client import CoordinatorStore
 
-    return dist.TCPStore(
-        host, port, is_master=False, timeout=datetime.timedelta(seconds=timeout_s), wait_for_workers=False
-    )
+    return CoordinatorStore(address, secret, job_id, timeout_s)
 
 
 @dataclass(frozen=True)
 class Ports:
     control: ControlFactory = ControlClient
-    store: StoreFactory = tcp_store_client
+    store: StoreFactory = coordinator_store
     groups: GroupFactory = Group.form
     faults: Faults | None = None  # None: the plan in the worker's environment
     process_hooks: bool = True  # off for ranks that are threads of one process

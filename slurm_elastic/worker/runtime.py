@@ -17,6 +17,7 @@ import structlog
 from pydantic import BaseModel
 
 from slurm_elastic.decide import worker as decide
+from slurm_elastic.errors import ElasticError
 from slurm_elastic.wire.messages import Assign, CollectiveFault, Leave, Phase, Stop, WorkerEvent, WorkerSettings
 from slurm_elastic.worker.comm import CollectiveFailed, Group, Interrupt, Interrupted, pick_backend
 from slurm_elastic.worker.control import CoordinatorLost, Identity, JobOver
@@ -83,9 +84,17 @@ class Runtime:
         self.generation, self.rank, self.world = 1, 0, 1
 
     def close(self) -> None:
+        self._close_store()
         if self.control is not None:
             self.control.close()
             self.control = None
+
+    def _close_store(self) -> None:
+        """The store client of a generation that is over: a call it left blocked fails now."""
+        close = getattr(self.store, "close", None)
+        self.store = None
+        if close is not None:
+            close()
 
     # --- what the training loop asks -------------------------------------------------------------------
 
@@ -113,6 +122,7 @@ class Runtime:
         if self.group is not None:
             self.group.abandon()
             self.group = None
+        self._close_store()
 
     def recover(self, replica: Replica, *, patient: bool) -> Entered:
         """Leave the current generation; join announced ones until one is formed and in sync."""
@@ -155,9 +165,13 @@ class Runtime:
         control.enter_generation(ann.generation)
         self.generation, self.rank, self.world = ann.generation, ann.rank, len(ann.ranks)
         self.set_phase(replica.step, "recovery")
-        # A fresh store client per generation: the client serialises requests, so a blocked call left
-        # behind by an abandoned generation (a peer that died mid-rendezvous) must not stall this one.
-        self.store = self.ports.store(settings.store_host, settings.store_port, settings.pg_timeout_s)
+        # A fresh store connection per generation: closing the last one (in `abandon`) fails any call an
+        # abandoned rendezvous left blocked, so no helper thread waits on it for the group timeout.
+        env = self.env
+        try:
+            self.store = self.ports.store(env.coordinator or "", env.secret, env.job_id, settings.pg_timeout_s)
+        except (OSError, RuntimeError, ElasticError) as exc:  # torch's DistStoreError is a RuntimeError
+            raise CollectiveFailed(f"rendezvous store of generation {ann.generation}: {exc}") from exc
         self.group = self.ports.groups(
             self.store,
             settings.store_prefix,

@@ -70,3 +70,33 @@ def test_the_job_cache_is_removed_when_the_job_leaves(dataset_dir: Path, in_job:
     assert in_job.is_dir()
     remove_job_cache()
     assert not in_job.exists()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="plants files of another user: needs root")
+def test_a_copy_planted_under_the_jobs_name_is_never_mapped(dataset_dir: Path, in_job: Path) -> None:
+    """Job ids and the copy's name are predictable: another user (nobody) prepares the job's directory
+    and a poisoned copy before the job starts. The worker reads the original instead."""
+    from slurm_elastic.nodecache import _key
+
+    source = dataset_dir / TOKENS_FILE
+    in_job.mkdir(parents=True)
+    in_job.parent.chmod(0o1777)
+    poisoned = in_job / _key(source)
+    poisoned.write_bytes(b"\1" * source.stat().st_size)
+    for path in (in_job, poisoned):
+        os.chown(path, 65534, 65534)
+    in_job.chmod(0o777)
+    assert node_local(source) == source
+    assert poisoned.read_bytes() == b"\1" * source.stat().st_size  # left alone
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="plants files of another user: needs root")
+def test_a_cache_directory_others_may_rewrite_is_not_used(dataset_dir: Path, in_job: Path) -> None:
+    in_job.parent.mkdir(parents=True)
+    os.chown(in_job.parent, 65534, 65534)
+    assert node_local(dataset_dir / TOKENS_FILE) == dataset_dir / TOKENS_FILE
+    os.chown(in_job.parent, 0, 0)
+    in_job.parent.chmod(0o777)  # anyone may rename our directory away: not sticky
+    assert node_local(dataset_dir / TOKENS_FILE) == dataset_dir / TOKENS_FILE
+    in_job.parent.chmod(0o1777)
+    assert node_local(dataset_dir / TOKENS_FILE).parent == in_job

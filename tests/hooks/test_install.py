@@ -166,3 +166,49 @@ def test_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     conf.write_text("Prolog=/x\n")
     assert main(["hooks", "check", "--prefix", str(prefix), "--slurm-conf", str(conf)]) == 1
     assert main(["hooks", "install", "--prefix", "/tmp/with space"]) == 2
+
+
+def _venv(where: Path) -> Path:
+    """A virtualenv of this interpreter that imports the hooks and their dependencies; its python."""
+    import subprocess
+
+    import slurm_elastic
+
+    subprocess.run([str(PYTHON), "-m", "venv", "--without-pip", str(where)], check=True, timeout=60)
+    (site,) = where.glob("lib/python3*/site-packages")
+    here = [p for p in sys.path if p.endswith("site-packages")]
+    (site / "se.pth").write_text("\n".join([str(Path(slurm_elastic.__file__).parents[1]), *here]) + "\n")
+    return where / "bin" / "python"
+
+
+@pytest.mark.skipif(not AS_ROOT, reason="the ownership rules apply when run as root")
+def test_check_as_root_refuses_an_interpreter_a_user_could_replace(tmp_path: Path) -> None:
+    """The admin points --python at a virtualenv in a user's directory: that user then runs code as root."""
+    python = _venv(tmp_path / "home" / "alice" / "venv")
+    os.chown(tmp_path / "home" / "alice", 65534, 65534)
+    install(InstallOptions(prefix=tmp_path / "hooks", python=python))
+    findings = {f.what: f for f in check_installation(tmp_path / "hooks", as_root=True)}
+    assert findings["interpreter"].level == "ok", findings  # it runs, and imports the hooks
+    owner = findings["interpreter owner"]
+    assert owner.level == "FAIL" and f"{tmp_path}/home/alice is owned by uid 65534, not root" in owner.detail
+    assert findings["import path"].level == "FAIL"  # its site-packages is under alice's directory too
+
+
+@pytest.mark.skipif(not AS_ROOT, reason="the ownership rules apply when run as root")
+def test_check_as_root_refuses_a_site_packages_a_user_could_write_to(tmp_path: Path) -> None:
+    """A root-owned virtualenv whose site-packages holds one file of another user (a sitecustomize.py:
+    Python runs it at every start, as root under Slurm)."""
+    python = _venv(tmp_path / "venv")
+    (site,) = (tmp_path / "venv").glob("lib/python3*/site-packages")
+    install(InstallOptions(prefix=tmp_path / "hooks", python=python))
+    findings = {f.what: f for f in check_installation(tmp_path / "hooks", as_root=True)}
+    assert findings["interpreter owner"].level == "ok" and findings["import path"].level == "ok", findings
+    planted = site / "sitecustomize.py"
+    planted.write_text("")
+    os.chown(planted, 65534, 65534)
+    found = {f.what: f for f in check_installation(tmp_path / "hooks", as_root=True)}["import path"]
+    assert found.level == "FAIL" and f"{planted} is owned by uid 65534, not root" in found.detail
+    os.chown(planted, 0, 0)
+    planted.chmod(0o666)
+    found = {f.what: f for f in check_installation(tmp_path / "hooks", as_root=True)}["import path"]
+    assert found.level == "FAIL" and "writable by group or others (-rw-rw-rw-)" in found.detail

@@ -25,15 +25,13 @@ SETTINGS = msg.WorkerSettings(
     heartbeat_interval_s=0.5,
     pg_timeout_s=30.0,
     backend="gloo",
-    store_host="10.0.0.1",
-    store_port=29500,
     store_prefix="p",
 )
 
 SAMPLES: list[BaseModel] = [
     msg.Challenge(job_id="job-1", nonce="ab" * 16),
-    msg.Hello(role="worker", job_id="job-1", proof="f" * 64),
-    msg.Welcome(),
+    msg.Hello(role="worker", job_id="job-1", nonce="cd" * 16, proof="f" * 64),
+    msg.Welcome(proof="e" * 64),
     msg.Refused(reason="bad job secret"),
     msg.Register(worker_id="n1:0:0", node="n1", local_rank=0, pid=123, committed_step=-1),
     msg.Heartbeat(generation=0, step=-1, phase="init"),
@@ -59,6 +57,9 @@ SAMPLES: list[BaseModel] = [
     msg.KeepPending(count=2, partition="spot"),
     msg.KeepPending(count=0),
     msg.StatusRequest(),
+    msg.StoreRequest(id=7, op="compare_set", keys=["rdzv/g1/k"], values=["", "YQ=="], timeout_ms=0),
+    msg.StoreReply(id=7, values=["YQ=="], number=1),
+    msg.StoreReply(id=8, ok=False, error="store get: timed out after 1 s waiting for 'rdzv/g1/0'"),
     msg.Ack(ok=False, detail="no such node"),
     msg.StatusReply(
         job_id="job-1",
@@ -114,7 +115,19 @@ def test_invalid_json_is_a_protocol_error() -> None:
         {"type": "assign", "generation": 0, "rank": 0, "ranks": ["a"], "boundary_step": None, "cause": "x"},
         {"type": "register", "worker_id": "", "node": "n1", "local_rank": 0, "pid": 1, "committed_step": -1},
         {"type": "register", "worker_id": "w", "node": "n1; rm -rf /", "local_rank": 0, "pid": 1, "committed_step": 0},
-        {"type": "hello", "role": "admin", "job_id": "j", "proof": "f" * 64},
+        {"type": "hello", "role": "admin", "job_id": "j", "nonce": "a" * 32, "proof": "f" * 64},
+        {"type": "hello", "role": "worker", "job_id": "j", "nonce": "a" * 32, "proof": "z" * 64},  # not hex
+        {"type": "hello", "role": "worker", "job_id": "j", "nonce": "a" * 32, "proof": "F" * 64},  # not lower case
+        {"type": "hello", "role": "worker", "job_id": "j", "nonce": "a" * 32, "proof": "é" * 64},
+        {"type": "hello", "role": "worker", "job_id": "j", "nonce": "a" * 32, "proof": "f" * 63},
+        {"type": "hello", "role": "worker", "job_id": "j", "nonce": "a" * 31, "proof": "f" * 64},
+        {"type": "hello", "role": "worker", "job_id": "j", "proof": "f" * 64},  # no nonce: no mutual proof
+        {"type": "welcome"},  # a server that proves nothing
+        {"type": "challenge", "job_id": "j", "nonce": "x" * 32},
+        {"type": "store", "id": 1, "op": "drop_table", "keys": ["k"]},
+        {"type": "store", "id": 1, "op": "get", "keys": ["k" * 513]},
+        {"type": "store", "id": 1, "op": "multi_get", "keys": ["k"] * 1025},
+        {"type": "store", "id": -1, "op": "num_keys"},
         {"type": "drain", "nodes": []},
         {"type": "keep_pending", "count": 1001},
         {"type": "keep_pending", "count": 1, "partition": "a b"},
@@ -153,8 +166,9 @@ def test_oversized_frame_header_is_refused_by_the_server_side() -> None:
         with pytest.raises(ProtocolError, match="exceeds the limit"):
             await ch.read_message(reader)
         good = asyncio.StreamReader()
-        good.feed_data(ch.encode_frame(msg.Welcome()) + struct.pack(">I", 5) + b"nope!")
-        assert await ch.read_message(good) == msg.Welcome()
+        welcome = msg.Welcome(proof="0" * 64)
+        good.feed_data(ch.encode_frame(welcome) + struct.pack(">I", 5) + b"nope!")
+        assert await ch.read_message(good) == welcome
         with pytest.raises(ProtocolError, match="invalid control message"):
             await ch.read_message(good)
 

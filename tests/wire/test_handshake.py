@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import socket
 import struct
 from collections.abc import Callable
@@ -40,7 +41,7 @@ async def _serve(client: Client, *, greet: bool = True) -> tuple[Any, Any]:
         result: Any
         try:
             if not greet:
-                ch.write_message(writer, msg.Welcome())  # not a coordinator: no challenge
+                ch.write_message(writer, msg.Welcome(proof="0" * 64))  # not a coordinator: no challenge
                 await writer.drain()
                 await reader.read()
                 result = None
@@ -143,14 +144,14 @@ def test_a_replayed_proof_does_not_open_a_second_connection() -> None:
             challenge = channel.recv(timeout=5)
             assert isinstance(challenge, msg.Challenge)
             stolen["proof"] = ch.proof(SECRET, challenge.nonce, "worker", JOB)
-            channel.send(msg.Hello(role="worker", job_id=JOB, proof=stolen["proof"]))
+            channel.send(msg.Hello(role="worker", job_id=JOB, nonce="0" * 32, proof=stolen["proof"]))
             assert isinstance(channel.recv(timeout=5), msg.Welcome)
 
     def replay(address: str) -> msg.Message:
         with socket.create_connection(ch.parse_address(address), timeout=5) as sock:
             channel = ch.Channel(sock)
             channel.recv(timeout=5)
-            channel.send(msg.Hello(role="worker", job_id=JOB, proof=stolen["proof"]))
+            channel.send(msg.Hello(role="worker", job_id=JOB, nonce="0" * 32, proof=stolen["proof"]))
             return channel.recv(timeout=5)
 
     _, first = serve(honest)
@@ -182,3 +183,175 @@ def test_parse_address(address: str, parsed: tuple[str, int]) -> None:
 def test_parse_address_rejects(address: str) -> None:
     with pytest.raises(ProtocolError, match=rf"invalid coordinator address '{address}': expected HOST:PORT"):
         ch.parse_address(address)
+
+
+# --- the server proves the secret too: an impostor on a reused address is refused --------------------------
+
+
+def _raw_frame(body: dict[str, Any]) -> bytes:
+    data = json.dumps(body).encode()
+    return struct.pack(">I", len(data)) + data
+
+
+async def _impostor(client: Client, welcome: Callable[[dict[str, Any]], dict[str, Any]]) -> tuple[Any, list[bytes]]:
+    """A process that took over the coordinator's address: it speaks the protocol (raw JSON frames, as
+    any program could), but does not hold the secret. Returns the client's outcome and every frame the
+    client sent after the handshake (none may leak)."""
+    after: list[bytes] = []
+    finished = asyncio.Event()
+
+    async def on_connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            writer.write(_raw_frame({"type": "challenge", "job_id": JOB, "nonce": "ab" * 16}))
+            await writer.drain()
+            (length,) = struct.unpack(">I", await reader.readexactly(4))
+            hello = json.loads(await reader.readexactly(length))
+            writer.write(_raw_frame(welcome(hello)))
+            await writer.drain()
+            while True:
+                (length,) = struct.unpack(">I", await reader.readexactly(4))
+                after.append(await reader.readexactly(length))
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+            finished.set()
+
+    server = await asyncio.start_server(on_connection, "127.0.0.1", 0)
+    try:
+        port = server.sockets[0].getsockname()[1]
+        try:
+            result: Any = await asyncio.to_thread(client, f"127.0.0.1:{port}")
+        except Exception as exc:
+            result = exc
+        await asyncio.wait_for(finished.wait(), 10)
+    finally:
+        server.close()
+        await server.wait_closed()
+    return result, after
+
+
+WELCOMES: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
+    # what the coordinator sent before the server proved anything: any process can send it
+    "no proof": lambda hello: {"type": "welcome"},
+    "a made-up proof": lambda hello: {"type": "welcome", "proof": "0" * 64},
+    "the client's own proof reflected": lambda hello: {"type": "welcome", "proof": hello["proof"]},
+    "a proof with another secret": lambda hello: {
+        "type": "welcome",
+        "proof": ch.server_proof(ch.new_secret(), hello.get("nonce", ""), "ab" * 16, hello["role"], JOB),
+    },
+}
+
+
+@pytest.mark.parametrize("welcome", WELCOMES.values(), ids=WELCOMES.keys())
+def test_a_request_never_reaches_an_impostor(welcome: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
+    def ask(address: str) -> msg.Message:
+        drain = msg.DrainRequest(nodes=["n1"], mode="now")
+        return ch.request(address, drain, secret=SECRET, job_id=JOB, timeout=5)
+
+    result, after = asyncio.run(_impostor(ask, welcome))
+    assert isinstance(result, ProtocolError), result
+    assert after == []  # the drain request was never sent
+
+
+@pytest.mark.parametrize("welcome", WELCOMES.values(), ids=WELCOMES.keys())
+def test_a_worker_never_registers_with_an_impostor(welcome: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
+    from slurm_elastic.worker.comm import Interrupt
+    from slurm_elastic.worker.control import ControlClient, Identity
+
+    def register(address: str) -> Any:
+        control = ControlClient(address, SECRET, Identity(JOB, "n1:0:0", "n1", 0), Interrupt())
+        try:
+            return control.register(committed_step=-1, pid=1)
+        finally:
+            control.close()
+
+    result, after = asyncio.run(_impostor(register, welcome))
+    assert isinstance(result, ProtocolError), result
+    assert after == []
+
+
+def test_the_impostors_failure_names_the_reason() -> None:
+    result, _ = asyncio.run(
+        _impostor(lambda a: ch.connect(a, secret=SECRET, job_id=JOB, role="agent"), WELCOMES["a made-up proof"])
+    )
+    assert isinstance(result, AuthError)
+    assert "could not prove that it holds job 'job-7''s secret: not its coordinator" in str(result)
+
+
+def test_the_server_proof_binds_the_clients_nonce() -> None:
+    base = ch.server_proof("s", "c", "n", "worker", "j")
+    assert base != ch.server_proof("s", "d", "n", "worker", "j") != ch.server_proof("s", "c", "m", "worker", "j")
+    assert base != ch.server_proof("s", "c", "n", "agent", "j") != ch.server_proof("t", "c", "n", "worker", "j")
+    assert base != ch.proof("s", "c", "worker", "j")  # never the client's proof for the same values
+
+
+def test_an_oversized_challenge_is_not_read() -> None:
+    """A client reads at most PREAUTH_MAX_FRAME bytes from a server it has not authenticated."""
+
+    def oversized(address: str) -> Any:
+        return ch.connect(address, secret=SECRET, job_id=JOB, role="worker", timeout=5)
+
+    async def main() -> Any:
+        async def on_connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            writer.write(struct.pack(">I", 10 * 1024 * 1024))
+            await writer.drain()
+            await reader.read()
+            writer.close()
+
+        server = await asyncio.start_server(on_connection, "127.0.0.1", 0)
+        try:
+            port = server.sockets[0].getsockname()[1]
+            try:
+                return await asyncio.to_thread(oversized, f"127.0.0.1:{port}")
+            except Exception as exc:
+                return exc
+        finally:
+            server.close()
+            await server.wait_closed()
+
+    result = asyncio.run(main())
+    assert isinstance(result, ProtocolError) and "exceeds the limit of 1024" in str(result)
+
+
+def test_a_handshake_cut_short_is_retried_when_asked() -> None:
+    """A coordinator under a flood evicts the oldest handshakes: an honest client tries again."""
+
+    async def main(retry_s: float) -> Any:
+        seen = 0
+
+        async def on_connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            nonlocal seen
+            seen += 1
+            try:
+                if seen == 1:
+                    writer.transport.abort()  # evicted
+                    return
+                await ch.accept_handshake(reader, writer, secret=SECRET, job_id=JOB)
+                await reader.read()
+            except Exception:
+                pass
+            finally:
+                writer.close()
+
+        server = await asyncio.start_server(on_connection, "127.0.0.1", 0)
+        try:
+            address = f"127.0.0.1:{server.sockets[0].getsockname()[1]}"
+
+            def client() -> str:
+                channel = ch.connect(address, secret=SECRET, job_id=JOB, role="worker", timeout=5, retry_s=retry_s)
+                channel.close()
+                return "connected"
+
+            try:
+                return await asyncio.to_thread(client)
+            except Exception as exc:
+                return exc
+        finally:
+            server.close()
+            await server.wait_closed()
+
+    assert isinstance(asyncio.run(main(0.0)), ConnectionError)
+    assert asyncio.run(main(5.0)) == "connected"
