@@ -26,6 +26,7 @@ class CoordinatorConfig:
     pg_timeout_s: float = 60.0
     backend: Literal["auto", "gloo", "nccl"] = "auto"
     recovery: Literal["in_process", "restart", "requeue"] = "in_process"
+    checkpoints: bool = False  # workers write disaster-recovery checkpoints (a fallback when all holders die)
     max_identical_failures: int = 3
     progress_interval_s: float = 10.0
     events_path: Path | None = None
@@ -34,7 +35,15 @@ class CoordinatorConfig:
 
 
 def coordinator_config(
-    cfg: JobConfig, *, job_id: str, secret: str, job_dir: Path, workers: int, host: str, run: int = 0
+    cfg: JobConfig,
+    *,
+    job_id: str,
+    secret: str,
+    job_dir: Path,
+    workers: int,
+    host: str,
+    run: int = 0,
+    checkpoints: bool | None = None,
 ) -> CoordinatorConfig:
     """The coordinator's part of a job's settings, for a job of `workers` training processes."""
     return CoordinatorConfig(
@@ -51,6 +60,7 @@ def coordinator_config(
         pg_timeout_s=cfg.pg_timeout_s,
         backend=cfg.backend,
         recovery=cfg.recovery,
+        checkpoints=cfg.checkpoint_dir is not None if checkpoints is None else checkpoints,
         max_identical_failures=cfg.max_identical_failures,
         progress_interval_s=cfg.progress_interval_s,
         events_path=job_dir / "events.jsonl",

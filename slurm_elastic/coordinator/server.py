@@ -89,6 +89,7 @@ class Coordinator:
             min_workers=config.min_workers,
             rendezvous_timeout_s=config.rendezvous_timeout_s,
             recovery=config.recovery,
+            checkpoint_fallback=config.checkpoints,
         )
         self.state = m.State()
         self.workers: dict[str, Peer] = {}
@@ -103,6 +104,8 @@ class Coordinator:
         self._last_progress = 0.0
         self._ticker_task: asyncio.Task[None] | None = None
         self._last_tick = self._last_pulse = time.monotonic()
+        self._run_offset = 0  # checkpoint fallbacks so far: each starts a new run of the ledger
+        self._fallback_from: int | None = None  # the last committed step when the fallback began
         self._registered: set[str] = set()  # worker ids that ever joined
         self._agent_nproc: dict[str, int] = {}  # training processes each node's agent starts
         self._final_exits: list[ExitRecord] = []  # processes that ended for good before the job ran
@@ -162,7 +165,7 @@ class Coordinator:
             backend=cfg.backend,
             store_prefix=STORE_PREFIX,
             load_checkpoint=self.state.phase == "rendezvous",
-            run=cfg.run,
+            run=cfg.run + self._run_offset,
         )
 
     # --- connections ----------------------------------------------------------------------------------
@@ -399,6 +402,14 @@ class Coordinator:
             last = self._view.last_step
             resume = int(fields.get("resume_step", last))
             fields["lost_committed_steps"] = max(0, last - resume)
+            if self._fallback_from is not None:  # the first generation after a checkpoint fallback
+                before, self._fallback_from = self._fallback_from, None
+                self.events.emit(
+                    "checkpoint_fallback",
+                    last_committed_step=before,
+                    resume_step=resume,
+                    replayed_steps=max(0, before - resume),
+                )
         self.events.emit(e.kind, worker=wid, **fields)
 
     def _on_failure(self, f: msg.Failure) -> None:
@@ -445,8 +456,13 @@ class Coordinator:
                 gen = before.generation
                 self._abrupt_since = ((gen.number if gen else 0) + 1, time.monotonic(), self._view.last_step)
                 self.events.emit("restart_all", reason=action.reason, nodes=sorted(self.agents))
+                if action.fallback:
+                    self._run_offset += 1  # a new run of the ledger: the replayed steps count once
+                    self._fallback_from = self._view.last_step
                 for agent in self.agents.values():
                     self._send(agent, msg.RestartWorkers(reason=action.reason))
+                if not self.agents:
+                    self._feed(m.Abort(f"{action.reason}; but no node is left to restart on"))
             case m.Complete():
                 self.events.emit("job_finished", reason=action.reason, step=self._view.last_step)
                 self._stop_everyone(msg.Stop(reason="complete"))

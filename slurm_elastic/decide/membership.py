@@ -44,6 +44,7 @@ class Policy:
     min_workers: int = 1
     rendezvous_timeout_s: float = 300.0
     recovery: Recovery = "in_process"
+    checkpoint_fallback: bool = False  # the job writes disaster-recovery checkpoints: a last resort exists
 
 
 @dataclass(frozen=True)
@@ -152,6 +153,7 @@ class RequestBoundary:
 @dataclass(frozen=True)
 class RestartAll:
     reason: str
+    fallback: bool = False  # the last resort after every holder of the state was lost (not restart mode)
 
 
 @dataclass(frozen=True)
@@ -282,16 +284,22 @@ def _abrupt(state: State, lost: set[str], leaving: set[str], cause: str, policy:
     if not survivors and state.finished:
         reason = "every remaining member finished training"
         return Outcome(replace(base, phase="finished", reason=reason), (Complete(reason),), reason)
+    if not survivors and policy.checkpoint_fallback and policy.recovery == "in_process":
+        # Every holder of the state is gone: restart the workers that remain from the latest checkpoint.
+        reason = f"all members lost ({cause}); no peer holds the training state: resuming from the latest checkpoint"
+        return _restart_all(base, workers, reason, now, fallback=True)
     if not survivors:
-        reason = f"all members lost ({cause}); no peer holds the training state"
+        reason = (
+            f"all members lost ({cause}); no peer holds the training state, and the job writes no disaster-recovery "
+            "checkpoint (--checkpoint-dir with --checkpoint-every would have let it resume)"
+        )
         return Outcome(replace(base, phase="failed", reason=reason), (Fail(reason),), reason)
     if policy.recovery == "requeue":  # the usual Slurm practice, kept as a baseline: the whole job starts over
         reason = f"{cause}: the job must be requeued and resumed from its latest checkpoint"
         return Outcome(replace(base, phase="failed", reason=reason), (Fail(reason),), reason)
     if policy.recovery == "restart":
         reason = f"{cause}: restarting all {len(workers)} workers from the latest checkpoint"
-        restarted = replace(base, phase="rendezvous", workers={}, expected_override=len(workers), rendezvous_since=now)
-        return Outcome(restarted, (RestartAll(reason),), reason)
+        return _restart_all(base, workers, reason, now, fallback=False)
     drained = {w for w in survivors if workers[w].node in state.draining}
     if drained and len(drained) < len(survivors):
         survivors = [w for w in survivors if w not in drained]
@@ -312,6 +320,13 @@ def _abrupt(state: State, lost: set[str], leaving: set[str], cause: str, policy:
     announce = Announce(new_gen, tuple(sorted(leaving | drained)), tuple(j.worker_id for j in joiners), left)
     actions: tuple[Action, ...] = (announce, RequestBoundary(new_gen.number)) if pending else (announce,)
     return Outcome(new, actions, f"{cause}: {', '.join(left)} left; world {len(gen.ranks)} -> {len(ranks)}")
+
+
+def _restart_all(base: State, workers: Mapping[str, Worker], reason: str, now: float, *, fallback: bool) -> Outcome:
+    """Every remaining worker starts again and the job re-forms from its latest checkpoint."""
+    expected = max(1, len(workers))  # restarted workers that arrive later join at a boundary
+    restarted = replace(base, phase="rendezvous", workers={}, expected_override=expected, rendezvous_since=now)
+    return Outcome(restarted, (RestartAll(reason, fallback),), reason)
 
 
 def _lost(state: State, event: Lost, now: float, policy: Policy) -> Outcome:

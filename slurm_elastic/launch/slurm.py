@@ -99,7 +99,7 @@ class SlurmLaunch:
         workers = len(nodes) * cfg.nproc_per_node
         settings = coordinator_config(
             cfg, job_id=self.slurm_job, secret=self.secret, job_dir=self.dir, workers=workers, host=host,
-            run=info.restart_count,
+            run=info.restart_count, checkpoints=True,  # worker_env() always gives workers a checkpoint directory
         )  # fmt: skip
         self.coordinator = CoordinatorThread(settings).start()
         address = self.coordinator.address

@@ -470,3 +470,22 @@ def test_a_drain_whose_member_finished_and_exited_is_cleared_at_the_boundary() -
     state = feed(running(3), pol, m.Drain(("n1",), "boundary", "shrink"), m.Done("w1"), m.Lost(("w1",), "exit 0"))
     out = m.decide(state.state, m.ReachedBoundary("w2", 1, 6), 0.0, pol)
     assert announce(out).generation.ranks == ("w2", "w3") and out.state.draining == frozenset()
+
+
+# --- when every holder of the state is lost ----------------------------------------------------------
+
+
+def test_losing_every_member_with_checkpoints_restarts_the_rest_from_the_latest_one() -> None:
+    pol = replace(policy(3), checkpoint_fallback=True)
+    state = m.decide(running(3), m.Joined(m.Worker("w1b", "n1", 0)), 0.0, pol).state  # a restarted worker waits
+    out = m.decide(state, m.Lost(("w1", "w2", "w3"), "connection closed"), 5.0, pol)
+    restart = only(out.actions, m.RestartAll)
+    assert isinstance(restart, m.RestartAll) and restart.fallback and "latest checkpoint" in restart.reason
+    assert out.state.phase == "rendezvous" and out.state.workers == {} and out.state.expected_override == 1
+    assert out.state.rendezvous_since == 5.0
+
+
+def test_losing_every_member_without_checkpoints_fails_and_says_what_would_have_saved_the_run() -> None:
+    out = m.decide(running(2), m.Lost(("w1", "w2"), "connection closed"), 0.0, policy(2))
+    fail = only(out.actions, m.Fail)
+    assert isinstance(fail, m.Fail) and "--checkpoint-dir" in fail.reason and out.state.phase == "failed"
