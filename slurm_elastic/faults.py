@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from slurm_elastic.errors import ConfigError
 
-FaultPhase = Literal["forward", "backward", "bucket", "allreduce", "optimizer", "commit", "recovery"]
+FaultPhase = Literal["forward", "backward", "bucket", "allreduce", "optimizer", "commit", "recovery", "transfer"]
 FaultAction = Literal["kill", "kill_node", "stop", "raise"]
 ENV_VAR = "SLURM_ELASTIC_FAULTS"
 
@@ -31,6 +31,7 @@ class Fault(BaseModel):
     action: FaultAction = "kill"
     local_rank: int = Field(default=0, ge=0)
     incarnation: int = Field(default=0, ge=0)
+    after: bool = False  # fire at the first `phase` of step `step` or any later step (a recovery, a transfer)
 
 
 _FAULTS: TypeAdapter[list[Fault]] = TypeAdapter(list[Fault])
@@ -96,7 +97,7 @@ class FaultInjector:
 
     def hit(self, phase: FaultPhase, step: int) -> None:
         for fault in self._pending:
-            if fault.phase == phase and fault.step == step:
+            if fault.phase == phase and (fault.step == step or (fault.after and step >= fault.step)):
                 self._pending.remove(fault)
                 self._fire(fault)
                 return

@@ -191,6 +191,7 @@ class Runtime:
             replica.committed_step,
             replica.fingerprint(),
             replica.capture,
+            before_transfer=lambda: self.faults.hit("transfer", replica.step + 1),
         )
         if result.received is not None:
             replica.restore(result.received)
