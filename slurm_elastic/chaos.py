@@ -153,8 +153,8 @@ def run_chaos(
         try:
             for fault in plan:
                 runner.apply(fault)
-            gone = runner.member_nodes()
-            missed = [f for f in runner.pending if f.node in gone]  # still a member: its recovery fault never came
+            members = runner.member_nodes()
+            missed = [f for f in runner.pending if f.node in members]  # still a member: its recovery fault never came
             result = job.wait(timeout=1800)
             ready = runner.events("generation_ready")
             fallbacks = runner.events("checkpoint_fallback")
