@@ -1,4 +1,5 @@
-"""What one data-parallel replica holds: model, optimizer, scheduler, RNG, and its place in the sample stream.
+"""What one data-parallel replica holds: model, optimizer, scheduler, RNG, its place in the sample stream,
+and the user's own registered state (`userstate.py`).
 
 Peers transfer it (in-process recovery, joins) and disaster-recovery checkpoints store it, always as the
 same Snapshot, so a replica restored either way is the same replica.
@@ -10,14 +11,22 @@ from typing import Any
 
 import torch
 
-from slurm_elastic.worker.state import Snapshot, capture, fingerprint, restore
+from slurm_elastic.worker import userstate
+from slurm_elastic.worker.state import Snapshot, capture, fingerprint, restore_all
 
 
 class Replica:
-    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any | None) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        scheduler: Any | None,
+        extra: dict[str, Any] | None = None,
+    ) -> None:
         self.model = model
         self.optimizer = optimizer
         self.scheduler = scheduler
+        self.extra: dict[str, Any] = extra if extra is not None else {}  # the user's dict, restored in place
         self.step = 0  # committed optimizer steps
         self.cursor = 0  # committed position in the global sample stream
         self.reference_world: int | None = None  # the world the learning rate was set for (scale-LR policy)
@@ -32,10 +41,11 @@ class Replica:
         return {"step": self.step, "cursor": self.cursor, "reference_world": self.reference_world}
 
     def capture(self) -> Snapshot:
-        return capture(self.model, self.optimizer, self.scheduler, self.progress())
+        return capture(self.model, self.optimizer, self.scheduler, self.progress(), userstate.capture(self.extra))
 
     def restore(self, snap: Snapshot) -> None:
-        progress = restore(self.model, self.optimizer, self.scheduler, snap)
+        progress, extra = restore_all(self.model, self.optimizer, self.scheduler, snap)
+        userstate.restore(self.extra, extra)
         self.step, self.cursor = int(progress["step"]), int(progress["cursor"])
         if progress.get("reference_world") is not None:
             self.reference_world = int(progress["reference_world"])
