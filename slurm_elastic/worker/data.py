@@ -1,0 +1,108 @@
+"""Where a job's batches come from: a map-style data set and a DataLoader's settings.
+
+`ElasticJob(dataset=..., collate_fn=..., num_workers=..., pin_memory=...)` takes them as a DataLoader
+would; `ElasticJob(loader=DataLoader(...))` takes the data set and those settings from a DataLoader the
+script already builds (its `batch_size` becomes the micro-batch unless `micro_batch=` is given). The
+sampler is not used: the job orders the samples itself (one global stream, shuffled per epoch from the
+seed, exactly once across failures and resizes), so only its `shuffle` is kept.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from torch.utils.data import (
+    DataLoader,
+    DistributedSampler,
+    IterableDataset,
+    RandomSampler,
+    SequentialSampler,
+    default_collate,
+)
+
+from slurm_elastic.errors import ConfigError
+
+
+class Samples(Protocol):
+    """A map-style data set, as torch's DataLoader takes: `len(data)` samples, `data[i]` the i-th."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, index: int) -> Any: ...
+
+
+@dataclass(frozen=True)
+class DataSettings:
+    dataset: Samples
+    micro_batch: int
+    collate: Callable[[list[Any]], Any]
+    num_workers: int
+    pin_memory: bool
+    shuffle: bool
+    worker_init: Callable[[int], None] | None = None
+
+
+def _map_style(dataset: Any) -> Any:
+    if isinstance(dataset, IterableDataset) or not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
+        raise ConfigError(
+            f"dataset {type(dataset).__name__} is not map-style: the job needs len(dataset) and dataset[i] "
+            "(an IterableDataset cannot be resumed exactly once)"
+        )
+    return dataset
+
+
+def _shuffle_of(sampler: Any) -> bool:
+    if isinstance(sampler, DistributedSampler):
+        return bool(sampler.shuffle)
+    if isinstance(sampler, RandomSampler):
+        return True
+    if isinstance(sampler, SequentialSampler):
+        return False
+    raise ConfigError(
+        f"the loader's sampler {type(sampler).__name__} is not supported: the job orders the samples itself "
+        "(valid: DataLoader(shuffle=True/False) or a DistributedSampler)"
+    )
+
+
+def data_settings(
+    *,
+    dataset: Any,
+    loader: Any,
+    micro_batch: int | None,
+    collate_fn: Callable[[list[Any]], Any] | None,
+    num_workers: int | None,
+    pin_memory: bool | None,
+    shuffle: bool | None,
+) -> DataSettings:
+    """Resolve the data arguments of ElasticJob; explicit arguments win over the loader's settings."""
+    worker_init = None
+    if loader is not None:
+        if dataset is not None:
+            raise ConfigError("give dataset= or loader=, not both")
+        if not isinstance(loader, DataLoader):
+            raise ConfigError(f"loader must be a torch DataLoader, got {type(loader).__name__}")
+        dataset = _map_style(loader.dataset)
+        micro_batch = micro_batch if micro_batch is not None else loader.batch_size
+        collate_fn = collate_fn or loader.collate_fn
+        num_workers = num_workers if num_workers is not None else loader.num_workers
+        pin_memory = pin_memory if pin_memory is not None else loader.pin_memory
+        shuffle = shuffle if shuffle is not None else _shuffle_of(loader.sampler)
+        worker_init = loader.worker_init_fn
+    if dataset is None:
+        raise ConfigError("no data: give dataset= (a map-style data set) or loader= (a DataLoader)")
+    _map_style(dataset)
+    if micro_batch is None:
+        raise ConfigError("no micro_batch: give micro_batch= (samples per micro-batch) or a loader with batch_size")
+    if not isinstance(num_workers, int | None) or (num_workers or 0) < 0:
+        raise ConfigError(f"invalid num_workers {num_workers!r}: expected an integer >= 0")
+    return DataSettings(
+        dataset=dataset,
+        micro_batch=micro_batch,
+        collate=collate_fn or default_collate,
+        num_workers=num_workers or 0,
+        pin_memory=True if pin_memory is None else bool(pin_memory),
+        shuffle=True if shuffle is None else bool(shuffle),
+        worker_init=worker_init,
+    )
