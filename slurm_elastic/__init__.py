@@ -6,7 +6,9 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-__all__ = ["ElasticJob", "FaultPlan", "Step", "__version__"]
+__all__ = ["ElasticError", "ElasticJob", "FaultPlan", "Step", "UsageError", "__version__"]
+
+from slurm_elastic.errors import ElasticError, UsageError
 
 if TYPE_CHECKING:
     from slurm_elastic.faults import FaultPlan
