@@ -60,6 +60,16 @@ def read_checkpoint(path: Path) -> tuple[int, Snapshot]:
     return int(data["step"]), Snapshot(json.loads(data["meta"]), list(data["tensors"]))
 
 
+def read_model_state(path: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
+    """The model's state dict in a checkpoint (`job.save(path)` or a disaster-recovery one), to evaluate or
+    export the model without building a job: `model.load_state_dict(read_model_state(path))`."""
+    from slurm_elastic.worker.state import decode
+
+    _, snap = read_checkpoint(Path(path))
+    state: dict[str, torch.Tensor] = decode(snap)["model"]
+    return state
+
+
 def write_checkpoint(path: Path, step: int, snap: Snapshot) -> None:
     """Write `snap` to `path` atomically (a temporary name, fsync, rename); tensors are copied to the CPU."""
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -44,9 +44,10 @@ from slurm_elastic.worker import userstate
 from slurm_elastic.worker.callbacks import Callbacks, EpochHook, StepHook
 from slurm_elastic.worker.checkpoint import CheckpointError, DisasterRecovery, read_checkpoint, write_checkpoint
 from slurm_elastic.worker.comm import CollectiveFailed, Interrupt, Interrupted
-from slurm_elastic.worker.data import Samples, data_settings
+from slurm_elastic.worker.data import ElasticLoader, Samples, data_settings
 from slurm_elastic.worker.env import WorkerEnv, worker_env
 from slurm_elastic.worker.loadpool import LoadPool
+from slurm_elastic.worker.optguard import guard_optimizer
 from slurm_elastic.worker.ports import Ports
 from slurm_elastic.worker.prefetch import Prefetcher
 from slurm_elastic.worker.process import ProcessHooks
@@ -105,8 +106,8 @@ class ElasticJob(StepRunner):
         env: WorkerEnv | None = None,
         ports: Ports | None = None,
     ) -> None:
-        if (global_batch is None) == (per_replica_batch is None):
-            raise ConfigError("give exactly one of global_batch (preserve the global batch) or per_replica_batch")
+        if global_batch is not None and per_replica_batch is not None:
+            raise ConfigError("give global_batch (preserve the global batch) or per_replica_batch, not both")
         data = data_settings(
             dataset=dataset, loader=loader, micro_batch=micro_batch, collate_fn=collate_fn,
             num_workers=num_workers, pin_memory=pin_memory, shuffle=shuffle,
@@ -165,6 +166,10 @@ class ElasticJob(StepRunner):
             else None
         )
         self._runtime.checkpoints = self._checkpoints is not None
+        self._ignored: set[str] = set()
+        self._replica.step_fn = guard_optimizer(optimizer, lambda: self._usage.phase == "running", self._ignored_call)
+        if isinstance(loader, ElasticLoader):
+            loader.bind(self)
         if self._faults.armed:
             self._install_fault_hooks()
 
@@ -262,6 +267,13 @@ class ElasticJob(StepRunner):
         log.info("snapshot_saved", path=str(target), step=self._replica.step)
         return target
 
+    def micro_batches_per_epoch(self) -> int:
+        """This rank's micro-batches in one epoch at the current world size (`len(loader)`)."""
+        self._join()
+        plan = self._plan
+        steps = -(-self._order.num_samples // plan.step_samples)
+        return steps * len(plan.for_rank(self._runtime.rank))
+
     def interrupted(self) -> bool:
         return self._interrupt.is_set()
 
@@ -275,6 +287,11 @@ class ElasticJob(StepRunner):
         self._runtime.close()
 
     # --- how the loops run ----------------------------------------------------------------------------
+
+    def _ignored_call(self, name: str) -> None:
+        if name not in self._ignored:
+            self._ignored.add(name)
+            log.info("optimizer_call_ignored", call=f"optimizer.{name}()", why="the job steps once per global batch")
 
     def _join(self) -> None:
         self._usage.usable()
@@ -422,6 +439,8 @@ class ElasticJob(StepRunner):
         """A generation is formed: plan its steps and the batches this rank will read."""
         if self._replica.reference_world is None:
             self._replica.reference_world = self._runtime.world
+        if self._global_batch is None and self._per_replica is None and self._replica.global_batch is None:
+            self._replica.global_batch = self._micro * self._runtime.world  # DDP's per-rank batch x world, kept
         self._plan = plan_step(self._policy(), self._runtime.world)
         self._boundary_due = False
         self._prefetch.plan(self._schedule())

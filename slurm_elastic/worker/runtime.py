@@ -17,6 +17,7 @@ import structlog
 from pydantic import BaseModel
 
 from slurm_elastic.decide import worker as decide
+from slurm_elastic.errors import ElasticError
 from slurm_elastic.wire.messages import Assign, CollectiveFault, Leave, Phase, Stop, WorkerEvent, WorkerSettings
 from slurm_elastic.worker.comm import CollectiveFailed, Group, Interrupt, Interrupted, pick_backend
 from slurm_elastic.worker.control import CoordinatorLost, Identity, JobOver
@@ -128,7 +129,8 @@ class Runtime:
 
     def _next_announcement(self, patient: bool, replica: Replica) -> Assign:
         control = self.control
-        assert control is not None
+        if control is None:  # closed: the loop finished or the worker left; nothing may join a generation now
+            raise ElasticError("the worker's control connection is closed: it finished its loop or left the job")
         try:
             ann = control.next_announcement(self.generation, None if patient else FAULT_GRACE_S)
             if ann is None:

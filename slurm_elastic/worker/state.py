@@ -100,11 +100,17 @@ def capture(
     return Snapshot(_encode(whole, tensors, "state"), tensors)
 
 
+def decode(snap: Snapshot) -> dict[str, Any]:
+    """The snapshot as plain objects: model, optimizer, scheduler, rng, progress, extra."""
+    whole: dict[str, Any] = _decode(snap.meta, snap.tensors)
+    return whole
+
+
 def restore_all(
     model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any | None, snap: Snapshot
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Load a snapshot into the live objects; returns its progress record and the user's extra state."""
-    whole = _decode(snap.meta, snap.tensors)
+    whole = decode(snap)
     model.load_state_dict(whole["model"])
     optimizer.load_state_dict(whole["optimizer"])
     if scheduler is not None and whole["scheduler"] is not None:

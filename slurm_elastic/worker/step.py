@@ -65,7 +65,9 @@ class Step:
             host.set_phase("compute")
             yield batch
             if self._current is not None:
-                raise UsageError(f"step {self.number}: call step.backward(loss) once for every micro-batch")
+                raise UsageError(
+                    f"step {self.number}: call job.backward(loss) (not loss.backward()) once for every micro-batch"
+                )
         self.complete = not self.aborted
 
     def backward(self, loss: torch.Tensor) -> None:

@@ -118,9 +118,8 @@ class StepRunner:
     # --- one step -------------------------------------------------------------------------------------
 
     def _policy(self) -> BatchPolicy:
-        if self._global_batch is not None:
-            return PreserveGlobalBatch(self._global_batch, self._micro)
-        assert self._per_replica is not None
+        if self._per_replica is None:  # the script's global batch, else the first generation's (see _entered)
+            return PreserveGlobalBatch(self._global_batch or self._replica.global_batch or self._micro, self._micro)
         return ScaleLearningRate(self._per_replica, self._micro, self._replica.reference_world or 1, self._lr_rule)
 
     def _new_attempt(self) -> Step:

@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader, IterableDataset, WeightedRandomSampler
 
 from slurm_elastic.errors import ConfigError, UsageError
 from slurm_elastic.metrics import max_param_rel_diff, tolerance
-from slurm_elastic.worker import ElasticJob
+from slurm_elastic.worker import ElasticJob, ElasticLoader
 from slurm_elastic.worker.checkpoint import CheckpointError
 from slurm_elastic.worker.doubles import ThreadJob
 from slurm_elastic.worker.env import WorkerEnv, worker_env
@@ -255,3 +255,25 @@ def test_ranks_that_break_out_of_the_loop_fail_the_job_with_the_documented_error
     failures = [e for e in job.coordinator.coordinator.events.recent(100) if e["event"] == "user_failure"]
     assert {f["signature"] for f in failures} == {"UsageError: the training loop job.micro_batches() was left early"}
     assert job.coordinator.view().phase == "failed", "identical failures on every rank stop the job"
+
+
+def test_an_elastic_loader_keeps_the_ddp_loop_body_as_it_was() -> None:
+    loader = ElasticLoader(DATA, batch_size=MICRO_BATCH)
+    with pytest.raises(UsageError, match=r"once given to ElasticJob\(loader=...\)"):
+        iter(loader)
+    net = model()
+    opt = torch.optim.AdamW(net.parameters(), lr=0.01)
+    env, ports = alone()
+    job = ElasticJob(net, opt, loader=loader, global_batch=GLOBAL_BATCH, env=env, ports=ports)
+    assert len(loader) == 8 * (GLOBAL_BATCH // MICRO_BATCH), "this rank's micro-batches in an epoch"
+    for epoch in job.epochs(2):
+        loader.sampler.set_epoch(epoch)  # a DistributedSampler habit: only checked
+        for x, y in loader:  # the DDP loop body, unchanged
+            opt.zero_grad()  # inside the loop: no-ops, the job steps once per global batch
+            job.backward(nn.functional.mse_loss(net(x), y))
+            opt.step()
+    assert all(torch.equal(a, b) for a, b in zip(params(net), REFERENCE_15, strict=True))
+    with pytest.raises(UsageError, match=r"set_epoch\(0\) but the job is in epoch 2"):
+        loader.sampler.set_epoch(0)
+    with pytest.raises(ConfigError, match="drop_last=True"):
+        ElasticLoader(DATA, batch_size=2, drop_last=True)
