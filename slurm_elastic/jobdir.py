@@ -83,6 +83,8 @@ class LaunchInfo:
     drain_grace_s: float
     heartbeat_interval_s: float
     worker_env: dict[str, str]
+    launcher: str = "slurm"  # "local": `slurm-elastic run --local` (grow and reclaim start and stop local agents)
+    cwd: str | None = None  # where the training command runs (a local job's working directory)
 
     def write(self, directory: Path) -> Path:
         path = directory / LAUNCH

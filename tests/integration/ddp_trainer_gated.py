@@ -1,6 +1,6 @@
-"""examples/ddp_trainer_elastic.py with a gate for tests: before the batches of step SE_TEST_GATE_STEP and
-later ones, wait until the file SE_TEST_GATE exists (so a joiner that takes seconds to start arrives while
-the job still runs). The gate does not touch the math."""
+"""examples/ddp_trainer_elastic.py with gates for tests: SE_TEST_GATES="STEP:FILE,..." makes every rank wait,
+before the batches of step STEP and later ones, until FILE exists (so that a test can act on the job at a
+known step, e.g. let a joiner that takes seconds to start arrive). The gates do not touch the math."""
 
 import os
 import sys
@@ -11,14 +11,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 
 import ddp_trainer_elastic as example
 
-GATE, AT = Path(os.environ["SE_TEST_GATE"]), int(os.environ["SE_TEST_GATE_STEP"])
+GATES = [(int(step), Path(path)) for step, path in (g.split(":", 1) for g in os.environ["SE_TEST_GATES"].split(","))]
 run_batch = example.Trainer._run_batch
 
 
 def gated(self: example.Trainer, source: object, targets: object) -> float:
-    if self.job.step + 1 >= AT:
-        while not GATE.exists():
-            time.sleep(0.02)
+    for step, gate in GATES:
+        if self.job.step + 1 >= step:
+            while not gate.exists():
+                time.sleep(0.02)
     return run_batch(self, source, targets)  # type: ignore[arg-type]
 
 

@@ -52,7 +52,7 @@ def test_a_kill_and_a_join_end_with_the_uninterrupted_model(tmp_path: Path) -> N
 
     out = tmp_path / "kill-join"
     gate = out / "gate"
-    env = {"SE_TEST_GATE": str(gate), "SE_TEST_GATE_STEP": "12"}
+    env = {"SE_TEST_GATES": f"12:{gate}"}
     job = LocalJob(command(GATED, out / "snapshot.pt"), config(out), extra_env=env, log_dir=out / "logs", root=out)
     job.start()
     try:
