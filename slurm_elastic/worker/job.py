@@ -322,11 +322,15 @@ class ElasticJob(StepRunner):
         error = left_early(name, step)
         self._usage.broke(error)
         log.error("loop_left_early", worker=self.env.worker_id, step=step, error=str(error))
-        if not (sys.is_finalizing() or self._process.crashed):  # a crash was reported by the excepthook
-            self._process.report(error, left_early_signature(name))
-        self._reducer.abandon()
-        self._runtime.abandon()
-        self.close()
+
+        def leave() -> None:
+            self._reducer.abandon()
+            self._runtime.abandon()
+            self.close()
+
+        if sys.is_finalizing():  # the interpreter is going away: nothing more to tell
+            return
+        self._process.report_later(error, left_early_signature(name), then=leave)
 
     def _flat(self, goal: Goal | None, *, final: bool) -> Iterator[Any]:
         for attempt in self._attempts(goal, final=final):

@@ -246,10 +246,17 @@ def test_ranks_that_break_out_of_the_loop_fail_the_job_with_the_documented_error
             if job.step == 2:
                 break
             job.backward(nn.functional.mse_loss(net(x), y))
+        time.sleep(1.0)  # the script goes on after its break (a thread rank's end would close its connection)
         job.rank  # noqa: B018 - any later use raises the error again
 
-    job = ThreadJob(train, nodes=3)
-    results = job.run()
+    job = ThreadJob(train, nodes=3).start()
+    try:
+        results = job.join()
+        deadline = time.monotonic() + 30  # each rank reports a moment later (an exception may be on its way)
+        while job.coordinator.view().phase != "failed" and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        job.stop()
     errors = [r.error for r in results.values()]
     assert all(isinstance(e, UsageError) and "left during step 3" in str(e) for e in errors), errors
     failures = [e for e in job.coordinator.coordinator.events.recent(100) if e["event"] == "user_failure"]
