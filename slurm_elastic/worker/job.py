@@ -158,7 +158,8 @@ class ElasticJob(StepRunner):
         self._started = False
         self._ledger: LedgerWriter | None = None  # opened once the job's run number is known
         self._resume_from = Path(resume_from) if resume_from is not None else None
-        keep = positive_int("keep_checkpoints", keep_checkpoints or self.env.checkpoint_keep or 2)
+        keep = positive_int("keep_checkpoints", keep_checkpoints) if keep_checkpoints is not None else None
+        keep = keep or self.env.checkpoint_keep or 2
         ckpt = self.env.checkpoint_dir
         self._checkpoints = (
             DisasterRecovery(ckpt, self.env.checkpoint_every, self.env.checkpoint_background, self._report, keep)
