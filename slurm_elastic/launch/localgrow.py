@@ -10,6 +10,7 @@ their agents then exit by themselves.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -30,17 +31,18 @@ def registered_nodes(job_dir: Path) -> list[str]:
     """Every node that ever registered with the job, oldest first (from its events.jsonl)."""
     names: list[str] = []
     path = job_dir / "events.jsonl"
-    try:
-        lines = path.read_text().splitlines()
-    except FileNotFoundError:
+    if not path.is_file():  # absent, or not a regular file (a test points it at /dev/full)
         return names
-    for line in lines:
-        try:
-            event = json.loads(line)
-        except ValueError:  # a line being written
-            continue
-        if event.get("event") == "node_registered" and event.get("node") not in names:
-            names.append(str(event["node"]))
+    with contextlib.suppress(OSError), open(path, errors="replace") as fh:
+        for line in fh:
+            if '"node_registered"' not in line:
+                continue
+            try:
+                event = json.loads(line)
+            except ValueError:  # a line being written
+                continue
+            if event.get("event") == "node_registered" and event.get("node") not in names:
+                names.append(str(event["node"]))
     return names
 
 

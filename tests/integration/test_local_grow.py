@@ -19,7 +19,7 @@ import pytest
 from slurm_elastic.config import JobConfig
 from slurm_elastic.events import read_events
 from slurm_elastic.launch.local import LocalJob
-from slurm_elastic.launch.localgrow import choose_local_nodes_to_reclaim, next_node_names
+from slurm_elastic.launch.localgrow import choose_local_nodes_to_reclaim, next_node_names, registered_nodes
 from slurm_elastic.ledger import analyze
 
 pytestmark = pytest.mark.timeout(300)
@@ -34,6 +34,22 @@ def test_names_are_never_reused_and_the_newest_nodes_leave_first() -> None:
     assert choose_local_nodes_to_reclaim(["local1", "local10", "local2"], registered, 2, "j") == ["local10", "local2"]
     with pytest.raises(Exception, match="job j has 2 node\\(s\\): at most 1 can be given back"):
         choose_local_nodes_to_reclaim(["local1", "local2"], registered, 2, "j")
+
+
+def test_registered_nodes_come_from_the_events_file_and_never_read_a_device(tmp_path: Path) -> None:
+    lines = [
+        {"event": "node_registered", "node": "local2"},
+        {"event": "progress", "step": 3},
+        {"event": "node_registered", "node": "local1"},
+        {"event": "node_registered", "node": "local2"},
+    ]
+    (tmp_path / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in lines) + '{"event": "node_reg')
+    assert registered_nodes(tmp_path) == ["local2", "local1"], "in order, once each, a torn last line skipped"
+    device = tmp_path / "device"
+    device.mkdir()
+    (device / "events.jsonl").symlink_to("/dev/full")  # reads as endless zeros
+    assert registered_nodes(device) == []
+    assert registered_nodes(tmp_path / "absent") == []
 
 
 def cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
