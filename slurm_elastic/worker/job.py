@@ -130,6 +130,10 @@ class ElasticJob(StepRunner):
         dtype = reduce_dtype_of(reduce_dtype or self.env.reduce_dtype or "float32")
         self._reducer = GradientReducer(params, dtype, bucket_mb=bucket_mb or self.env.bucket_mb or DEFAULT_BUCKET_MB)
         depth = prefetch if prefetch is not None else self.env.prefetch
+        keep = positive_int("keep_checkpoints", keep_checkpoints) if keep_checkpoints is not None else None
+        keep = keep or self.env.checkpoint_keep or 2
+        if isinstance(loader, ElasticLoader):
+            loader.bind(self)  # (every argument is checked before the loader processes start)
         pool = None
         if data.num_workers:  # forked now, before any process group or control thread exists
             pool = LoadPool(self._load_batch, data.num_workers, seed=seed, worker_init=data.worker_init)
@@ -158,8 +162,6 @@ class ElasticJob(StepRunner):
         self._started = False
         self._ledger: LedgerWriter | None = None  # opened once the job's run number is known
         self._resume_from = Path(resume_from) if resume_from is not None else None
-        keep = positive_int("keep_checkpoints", keep_checkpoints) if keep_checkpoints is not None else None
-        keep = keep or self.env.checkpoint_keep or 2
         ckpt = self.env.checkpoint_dir
         self._checkpoints = (
             DisasterRecovery(ckpt, self.env.checkpoint_every, self.env.checkpoint_background, self._report, keep)
@@ -169,8 +171,6 @@ class ElasticJob(StepRunner):
         self._runtime.checkpoints = self._checkpoints is not None
         self._ignored: set[str] = set()
         self._replica.step_fn = guard_optimizer(optimizer, lambda: self._usage.phase == "running", self._ignored_call)
-        if isinstance(loader, ElasticLoader):
-            loader.bind(self)
         if self._faults.armed:
             self._install_fault_hooks()
 
