@@ -37,3 +37,8 @@ class DataError(ElasticError):
 
 class JobFailed(ElasticError):
     """The training job stopped for good (for example after repeated identical failures)."""
+
+
+class UsageError(ElasticError):
+    """The training script used ElasticJob in a way it does not support (the message says what is valid).
+    Raised where the misuse happens; a worker that hits one exits non-zero and the job fails."""

@@ -138,7 +138,8 @@ class Runtime:
 
     def _next_announcement(self, patient: bool, replica: Replica) -> Assign:
         control = self.control
-        assert control is not None
+        if control is None:  # closed: the loop finished or the worker left; nothing may join a generation now
+            raise ElasticError("the worker's control connection is closed: it finished its loop or left the job")
         try:
             ann = control.next_announcement(self.generation, None if patient else FAULT_GRACE_S)
             if ann is None:

@@ -1,6 +1,7 @@
 """The training state a replica holds, as one flat byte buffer plus JSON metadata.
 
-Model, optimizer and scheduler state dicts, RNG states and the data cursor are encoded as JSON with
+Model, optimizer and scheduler state dicts, RNG states, the data cursor and the user's own registered
+state (`ElasticJob(extra_state=...)`, see `userstate.py`) are encoded as JSON with
 tensor placeholders; the tensors are packed back to back into one uint8 buffer, so a peer can send the
 state in byte-range chunks and a receiver can rebuild it without unpickling anything.
 """
@@ -85,6 +86,7 @@ def capture(
     optimizer: torch.optim.Optimizer,
     scheduler: Any | None,
     progress: dict[str, Any],
+    extra: dict[str, Any] | None = None,
 ) -> Snapshot:
     tensors: list[torch.Tensor] = []
     whole = {
@@ -93,22 +95,42 @@ def capture(
         "scheduler": scheduler.state_dict() if scheduler is not None else None,
         "rng": _rng_state(),
         "progress": progress,
+        "extra": extra or {},
     }
     return Snapshot(_encode(whole, tensors, "state"), tensors)
 
 
-def restore(
+def decode(snap: Snapshot) -> dict[str, Any]:
+    """The snapshot as plain objects: model, optimizer, scheduler, rng, progress, extra."""
+    whole: dict[str, Any] = _decode(snap.meta, snap.tensors)
+    return whole
+
+
+def restore_all(
     model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any | None, snap: Snapshot
-) -> dict[str, Any]:
-    """Load a snapshot into the live objects; returns its progress record."""
-    whole = _decode(snap.meta, snap.tensors)
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Load a snapshot into the live objects; returns its progress record and the user's extra state."""
+    whole = decode(snap)
     model.load_state_dict(whole["model"])
     optimizer.load_state_dict(whole["optimizer"])
     if scheduler is not None and whole["scheduler"] is not None:
         scheduler.load_state_dict(whole["scheduler"])
     _set_rng_state(whole["rng"])
     progress: dict[str, Any] = whole["progress"]
-    return progress
+    extra: dict[str, Any] = whole.get("extra") or {}  # snapshots written before extra state have none
+    return progress, extra
+
+
+def restore(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any | None, snap: Snapshot
+) -> dict[str, Any]:
+    """Load a snapshot into the live objects; returns its progress record."""
+    return restore_all(model, optimizer, scheduler, snap)[0]
+
+
+def check_encodable(value: Any, path: str) -> None:
+    """Raise StateError (naming `path`) unless `value` can travel in a snapshot."""
+    _encode(value, [], path)
 
 
 @dataclass(frozen=True)
