@@ -196,7 +196,7 @@ class _Runner:
             job.cluster.restart_node(node or "")
         elif fault.kind == "drain":
             job.wait(f"{node} drained", lambda: job.cluster.node_states().get(node or "") == "drained", 120)
-            job.slurm("scontrol", "update", f"NodeName={node}", "State=RESUME")
+            job.backend.set_node_state(node or "", "RESUME", "")
         self.joins += job.refill()
 
     def _act(self, fault: ChaosFault, since: float) -> str:
@@ -206,8 +206,7 @@ class _Runner:
         if fault.kind == "node_loss":
             job.cluster.kill_node(node or "")
         elif fault.kind == "shrink":
-            core = job.backend.job(job.job_id).nodes
-            job.slurm("scontrol", "update", f"JobId={job.job_id}", f"NumNodes={len(core) - 1}")
+            job.backend.resize_job(job.job_id, num_nodes=len(job.backend.job(job.job_id).nodes) - 1)
         elif fault.kind == "reclaim":
             reclaim = job.elastic("reclaim", "--nodes", "1", "--timeout", "120")
         elif fault.kind == "preempt_satellite":
@@ -215,7 +214,7 @@ class _Runner:
                             "--output=/dev/null", "--wrap=sleep 5")  # fmt: skip
             job.others.append(out.strip().split(";")[0])
         elif fault.kind == "drain":
-            job.slurm("scontrol", "update", f"NodeName={node}", "State=DRAIN", "Reason=chaos")
+            job.backend.set_node_state(node or "", "DRAIN", "chaos")
         if fault.kind in ("reclaim", "preempt_satellite", "drain"):
             # These leave at a step boundary: once the job was asked, steps may go on.
             job.wait(f"a drain after the {fault.kind}", lambda: job.drained_since(since, node))
