@@ -97,6 +97,7 @@ def plan_slurm_chaos(
     first_step: int = 5,
     spacing: tuple[int, int] = (10, 16),
     kinds: tuple[ChaosKind, ...] = SLURM_KINDS,
+    resizes: int = 1,
 ) -> list[ChaosFault]:
     """`faults` faults over a Slurm job that starts on all of `nodes`, the first being its batch host.
 
@@ -107,6 +108,8 @@ def plan_slurm_chaos(
     loss is the disaster path: requeue and resume from a checkpoint). Faults inside training processes hit
     core nodes only, whose environment carries the plan; a recovery fault is followed by a fault that
     starts a recovery, and neither a recovery nor a transfer fault ends the plan (each needs a successor).
+    At most `resizes` faults shrink the core job: without accounting (no slurmdbd, as on the local
+    cluster) slurmctld refuses every update of a job after its first resize ("the DB index is being set").
     """
     if faults < 0 or len(nodes) < 3:
         raise ValueError(f"need faults >= 0 and at least 3 nodes, got {faults} and {list(nodes)}")
@@ -119,7 +122,7 @@ def plan_slurm_chaos(
     while len(plan) < faults:
         targets = [n for n in core[1:] if armed is None or n != armed.node]
         last = len(plan) + 1 == faults
-        shrinkable = len(core) >= 3 and (armed is None or core[-1] != armed.node)
+        shrinkable = len(core) >= 3 and len(nodes) - len(core) < resizes and (armed is None or core[-1] != armed.node)
         feasible = {
             "worker_kill": bool(targets), "node_loss": bool(targets), "hang": bool(targets),
             # An armed node needs another for its successor to hit.

@@ -81,7 +81,7 @@ class CliBackend:
         bin_dir: str | Path | None = None,
         runner: Runner | None = None,
         version: SlurmVersion | None = None,
-        retry_delays: Sequence[float] = (0.5, 1.0, 2.0, 4.0),
+        retry_delays: Sequence[float] = (1.0, 2.0),
     ) -> None:
         if timeout <= 0:
             raise SlurmRequestError(f"timeout must be positive, got {timeout}")

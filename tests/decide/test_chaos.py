@@ -77,6 +77,8 @@ def replay_slurm(plan: list[ChaosFault]) -> None:
     could not happen (a satellite that is not there, the batch host hit, a core too small to shrink)."""
     core, satellites = list(NODES), []
     for i, fault in enumerate(plan):
+        if fault.kind == "shrink" or (fault.kind == "reclaim" and fault.node is not None):
+            assert len(core) == len(NODES), f"{fault}: the core job is resized once (Slurm without accounting)"
         assert fault.node != "n1", f"{fault}: the batch host is never hit"
         if fault.kind == "shrink" or (fault.kind == "reclaim" and fault.node is not None):
             assert fault.node == core[-1] and len(core) >= 3, f"{fault}: Slurm gives back the core's last node"

@@ -1,5 +1,6 @@
-"""`slurm-elastic chaos --slurm`, short: a node's death, a shrink, a preempted satellite and a worker killed in
-its step, on the real local cluster; the job ends with the uninterrupted run's model, every sample once."""
+"""`slurm-elastic chaos --slurm`, short: a node's death, a shrink, an admin's drain of a satellite's node and
+a worker killed in its step, on the real local cluster; the job ends with the uninterrupted run's model,
+every sample once."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ def test_a_short_chaos_run_on_slurm_ends_with_the_reference_model(slurm_cluster:
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=580)
     assert done.returncode == 0, done.stderr[-4000:]
     summary = json.loads(done.stdout)
-    assert [f["kind"] for f in summary["faults"]] == ["node_loss", "shrink", "preempt_satellite", "worker_kill"]
+    assert [f["kind"] for f in summary["faults"]] == ["node_loss", "shrink", "drain", "worker_kill"]
     assert all(f["fired"] for f in summary["faults"]), summary["faults"]
     assert summary["joins"] >= 4  # every fault was refilled: an agent started again or a satellite
     assert (summary["lost_committed_steps"], summary["duplicate_samples"], summary["skipped_samples"]) == (0, 0, 0)
