@@ -58,13 +58,16 @@ def fired(plan: list[ChaosFault], in_job: FaultPlan) -> list[bool]:
     return [next(flags) if f.node is not None and f.kind in IN_JOB else True for f in plan]
 
 
-def command(data: Path, steps: int, model: Path, hold: Path, pause: float = PAUSE_S) -> list[str]:
-    """The elastic example, paced (`--pause`) and held while a joiner starts (`--hold-file`)."""
+def command(
+    data: Path, steps: int, model: Path, hold: Path, pause: float = PAUSE_S, flag: str = "--hold-file"
+) -> list[str]:
+    """The elastic example, paced (`--pause`) and held while a joiner starts (`--hold-file`), or bounded
+    to the steps the file names (`flag="--until-file"`)."""
     paced = Path(__file__).resolve().parents[1] / "tests" / "integration" / "train_slow.py"
     if not paced.is_file():
         raise ElasticError(f"{paced} not found: chaos runs from the source tree (pip install -e .)")
     return [sys.executable, str(paced), "--data", str(data), "--steps", str(steps), "--save", str(model),
-            "--pause", str(pause), "--hold-file", str(hold)]  # fmt: skip
+            "--pause", str(pause), flag, str(hold)]  # fmt: skip
 
 
 def reference(data: Path, steps: int, out: Path, reduce_dtype: str) -> dict[str, torch.Tensor]:

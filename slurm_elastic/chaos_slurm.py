@@ -8,7 +8,8 @@ with what Slurm and operators do: a node's sudden death (slurmd, step daemons an
 (`scontrol update NumNodes`), a reclaim (`slurm-elastic reclaim`), a satellite preempted by a
 higher-priority job, and a node drained by an admin. After each fault the job is refilled: the launcher
 starts an agent on its node again, or a satellite (`slurm-elastic grow`) takes a node that was freed;
-training is held while the newcomer starts, so that every fault lands at the step the plan names.
+the job is led from fault to fault (no step past the next fault's starts; `--until-file` of the paced
+example), so that every fault lands at the step the plan names whatever Slurm's delays.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from slurm_elastic.slurm import CliBackend
 from slurm_elastic.workload import corpus
 
 CORE = Path(__file__).resolve().parents[1] / "sbatch_templates" / "elastic_core.sbatch"
-SLURM_PAUSE_S = 4 * PAUSE_S  # steps slow enough that a fault from outside lands within a step or two
+SLURM_PAUSE_S = 2 * PAUSE_S  # paced, so that a node that takes seconds to start still finds the job running
 
 
 def _settings(root: Path, reduce_dtype: str) -> dict[str, str]:
@@ -50,6 +51,7 @@ def _settings(root: Path, reduce_dtype: str) -> dict[str, str]:
         "SLURM_ELASTIC_LEASE_TIMEOUT_S": "5",
         "SLURM_ELASTIC_HANG_TIMEOUT_S": "5",
         "SLURM_ELASTIC_PROGRESS_INTERVAL_S": "0.5",
+        "SLURM_ELASTIC_RECORD_COMMITS": "true",  # one event per committed step: where the job is, exactly
         "SLURM_ELASTIC_NODE_WATCH_INTERVAL_S": "1",
         "SLURM_ELASTIC_MAX_RESTARTS": "0",  # a node whose worker died comes back through a new agent
         "OMP_NUM_THREADS": "1",
@@ -60,30 +62,34 @@ def _settings(root: Path, reduce_dtype: str) -> dict[str, str]:
 class _Job(EventsFile):
     """The core job, seen through its events file and Slurm, and the actions of the plan upon it."""
 
-    def __init__(self, cluster: LocalCluster, root: Path, env: dict[str, str], job_id: str, hold: Path) -> None:
+    def __init__(self, cluster: LocalCluster, root: Path, env: dict[str, str], job_id: str, until: Path) -> None:
         super().__init__(Path(env["SLURM_ELASTIC_HOME"]) / "jobs" / job_id / "events.jsonl", f"chaos job {job_id}")
-        self.cluster, self.root, self.env, self.job_id, self.hold = cluster, root, env, job_id, hold
+        self.cluster, self.root, self.env, self.job_id, self.until = cluster, root, env, job_id, until
         self.backend = CliBackend(env=cluster.command_env())
         self.size = len(cluster.nodes)
         self.others: list[str] = []  # jobs the chaos run submitted (preempting jobs), cancelled at the end
+        self.bound: int | None = None  # no step numbered above it starts
 
     # --- what the job is doing --------------------------------------------------------------------------
 
     def last_step(self) -> int:
-        return max((e["step"] for e in self.events("progress")), default=0)
+        return max((e["step"] for e in self.events("commit")), default=0)
 
     def members(self) -> set[str]:
         changes = self.events("membership_change")
         return {w.split(":")[0] for w in changes[-1]["ranks"]} if changes else set()
 
     def registered(self) -> set[str]:
-        """Nodes whose worker is there, ready to join (registered, its agent not lost since)."""
+        """Nodes whose worker is there, ready to join: registered, and neither its agent lost nor its worker
+        out of the job since (the membership change shows a loss before the agent's end does)."""
         nodes: set[str] = set()
         for e in self.events():
             if e["event"] == "worker_registered":
                 nodes.add(e["node"])
             elif e["event"] == "node_lost":
                 nodes.discard(e["node"])
+            elif e["event"] == "membership_change":
+                nodes -= {w.split(":")[0] for w in e["left"]}
         return nodes
 
     def ready(self) -> bool:
@@ -134,63 +140,91 @@ class _Job(EventsFile):
     def drained_since(self, since: float, node: str | None) -> bool:
         return any(e["time"] >= since and (node is None or node in e["nodes"]) for e in self.events("drain_requested"))
 
+    def allow(self, step: int | None) -> None:
+        """No step numbered above `step` starts (None: no bound). Written whole, then renamed into place."""
+        self.bound = step
+        if step is None:
+            self.until.unlink(missing_ok=True)
+            return
+        staged = self.until.with_suffix(".new")
+        staged.write_text(str(step))
+        staged.replace(self.until)
+
+    def wait_stepping(self, what: str, predicate: Callable[[], bool]) -> None:
+        """Wait for what happens at a step boundary (a drain leaves, a joiner joins), letting the job on one
+        step at a time: the change rides in a step's last reduction, so it may take a step or two to show."""
+
+        def stepped() -> bool:
+            if predicate():
+                return True
+            last = self.last_step()
+            if self.bound is not None and last >= self.bound:
+                self.allow(last + 1)
+            return False
+
+        self.wait(what, stepped)
+
     def refill(self) -> list[str]:
-        """Back to every node of the cluster: training held until the newcomers registered. A node's own
+        """Back to every node of the cluster: no step starts until the newcomers registered. A node's own
         agent comes back by itself (the launcher starts it again); a node that was freed gets a satellite."""
         joined: list[str] = []
         for _ in range(3):  # a transfer fault may strike the refill's own join: then refill again
             if len(self.members()) >= self.size:
                 return joined
             before = self.members()
-            self.hold.touch()
-            try:
-                grown = 0.0
-                deadline = time.monotonic() + 240
-                while len(self.registered()) < self.size:
-                    if time.monotonic() > deadline:
-                        raise ElasticError(f"chaos: the job did not get back to {self.size} nodes within 240 s")
-                    idle = [n for n, s in self.cluster.node_states().items() if s == "idle"]
-                    pending = [s for s in self.satellites() if self.backend.job(s).is_pending]
-                    if idle and not pending and time.monotonic() - grown > 30:
-                        self.finished(self.elastic("grow", "--nodes", "1", "--partition", "train"))
-                        grown = time.monotonic()
-                    time.sleep(0.5)
-            finally:
-                self.hold.unlink(missing_ok=True)
-            back = lambda was=before: len(self.members()) >= self.size or self.lost_again(was)  # noqa: E731
-            self.wait(f"{self.size} members", back)
-            self.wait("the new generation's state transfer", self.ready)  # a transfer fault strikes there
+            grown = 0.0
+            deadline = time.monotonic() + 240
+            while len(self.registered()) < self.size:
+                if time.monotonic() > deadline:
+                    raise ElasticError(f"chaos: the job did not get back to {self.size} nodes within 240 s")
+                idle = [n for n, s in self.cluster.node_states().items() if s == "idle"]
+                pending = [s for s in self.satellites() if self.backend.job(s).is_pending]
+                if idle and not pending and time.monotonic() - grown > 30:
+                    self.finished(self.elastic("grow", "--nodes", "1", "--partition", "train"))
+                    grown = time.monotonic()
+                time.sleep(0.5)
+            crossed = time.time()
+            # The next generation (the newcomers in; or someone lost while they were let in), in sync.
+            self.wait_stepping("the next generation", lambda t=crossed: self.changed_since(t) and self.ready())  # type: ignore[misc]
             joined += sorted(self.members() - before)
         return joined
 
-    def lost_again(self, before: set[str]) -> bool:
-        return len(self.registered()) < self.size and not (self.members() - before)
+    def changed_since(self, since: float) -> bool:
+        return any(e["time"] >= since for e in self.events("membership_change"))
 
 
 class _Runner:
-    def __init__(self, job: _Job, log: Callable[[str], None]) -> None:
-        self.job, self.log = job, log
+    def __init__(self, job: _Job, struck: Callable[[], list[bool]], log: Callable[[str], None]) -> None:
+        self.job, self.struck, self.log = job, struck, log
         self.hit: list[str | None] = []  # the node each fault actually hit
         self.joins: list[str] = []
+        self.armed: tuple[int, ChaosFault, float] | None = None  # a recovery or transfer fault, not yet followed
 
     def apply(self, fault: ChaosFault) -> None:
+        """Lead the job to the fault's step (a fault inside the training strikes in the step after it), carry
+        the fault out, wait its node out and refill. The job never runs ahead of the plan."""
         job = self.job
+        inside = fault.kind in ("worker_kill", "hang")
         since = time.time()  # before the step: a fault inside the training may strike before this sees it
+        job.allow(fault.step + 1 if inside else fault.step)
         job.wait(f"step {fault.step}", lambda: job.last_step() >= fault.step)
         node = fault.node
         self.log(f"chaos: step {fault.step}: {fault.kind} of {node or 'a satellite'}" + (
             f" in {fault.phase}" if fault.phase else ""))  # fmt: skip
         if fault.kind in ("recovery_fault", "transfer_fault"):
             self.hit.append(node)  # armed: strikes in its successor's recovery or join
+            self.armed = (len(self.hit) - 1, fault, since)
             return
-        if fault.kind not in ("worker_kill", "hang"):  # those strike inside step fault.step + 1 by themselves
-            # Slurm may take seconds to act (a preemption, a drain): no step starts until it does, so the
-            # later faults still find the job at the steps the plan names.
-            job.hold.touch()
-        try:
+        if inside:
+            index = len(self.hit)
+            missed = lambda: job.last_step() > fault.step and not self.struck()[index]  # noqa: E731
+            job.wait(f"{node} to leave after its {fault.kind}", lambda: bool(self._left(since, node)) or missed())
+            if missed():  # its node was not in the job at that step (the record says so in the summary)
+                self.log(f"chaos: the {fault.kind} of {node} at step {fault.step} did not fire")
+                self.hit.append(node)
+                return
+        else:
             node = self._act(fault, since) or node
-        finally:
-            job.hold.unlink(missing_ok=True)
         self.hit.append(node)
         if fault.kind == "node_loss":
             job.cluster.restart_node(node or "")
@@ -198,6 +232,20 @@ class _Runner:
             job.wait(f"{node} drained", lambda: job.cluster.node_states().get(node or "") == "drained", 120)
             job.backend.set_node_state(node or "", "RESUME", "")
         self.joins += job.refill()
+        if self.armed is not None:
+            self._follow(*self.armed)
+            self.armed = None
+
+    def _follow(self, index: int, fault: ChaosFault, since: float) -> None:
+        """An armed fault strikes in its successor's recovery or in the state transfer to its joiner, maybe
+        after the refill looked: once it is seen to fire, its node is waited out and refilled too."""
+        job = self.job
+        deadline = time.monotonic() + 10.0
+        while not self.struck()[index] and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if self.struck()[index]:
+            job.wait(f"{fault.node} to leave after its {fault.kind}", lambda: fault.node in job.left_since(since))
+            self.joins += job.refill()
 
     def _act(self, fault: ChaosFault, since: float) -> str:
         """Carry out `fault` and wait until its node left the job; returns that node."""
@@ -216,9 +264,11 @@ class _Runner:
         elif fault.kind == "drain":
             job.backend.set_node_state(node or "", "DRAIN", "chaos")
         if fault.kind in ("reclaim", "preempt_satellite", "drain"):
-            # These leave at a step boundary: once the job was asked, steps may go on.
+            # These leave at a step boundary: once Slurm or the operator asked, the job crosses one.
             job.wait(f"a drain after the {fault.kind}", lambda: job.drained_since(since, node))
-            job.hold.unlink(missing_ok=True)
+            job.wait_stepping(
+                f"{node or 'a node'} to leave after its {fault.kind}", lambda: bool(self._left(since, node))
+            )
         if fault.kind in ("shrink", "reclaim"):
             node = None  # Slurm and `reclaim` choose which node goes; the plan expects its core's last
         job.wait(f"{node or 'a node'} to leave after its {fault.kind}", lambda: bool(self._left(since, node)))
@@ -260,17 +310,19 @@ def _run(
     (root / "fired").mkdir()
     in_job = fault_plan(plan).recorded_in(root / "fired")
     env = {**os.environ, **_settings(root, reduce_dtype), **in_job.to_env()}
-    model, hold = root / "model.pt", root / "hold"
-    train = command(data, steps, model, hold, pause=SLURM_PAUSE_S)
+    model, until = root / "model.pt", root / "until"
+    until.write_text(str(plan[0].step if plan else steps))  # the job waits at the first fault's step
+    train = command(data, steps, model, until, pause=SLURM_PAUSE_S, flag="--until-file")
     argv = ["sbatch", "--parsable", f"--nodes={len(cluster.nodes)}", f"--chdir={root}",
             f"--output={root}/core-%j.out", str(CORE), *train]  # fmt: skip
     job_id = subprocess.run(argv, env=env, check=True, capture_output=True, text=True, timeout=30).stdout
-    job = _Job(cluster, root, env, job_id.strip().split(";")[0], hold)
-    runner = _Runner(job, log)
+    job = _Job(cluster, root, env, job_id.strip().split(";")[0], until)
+    runner = _Runner(job, lambda: fired(plan, in_job), log)
     try:
         job.wait(f"the job to train on {job.size} nodes", lambda: len(job.members()) == job.size, 300)
         for fault in plan:
             runner.apply(fault)
+        job.allow(None)
         job.wait_finished()
         final = job.backend.job(job.job_id)
     finally:
