@@ -37,3 +37,8 @@ class DataError(ElasticError):
 
 class JobFailed(ElasticError):
     """The training job stopped for good (for example after repeated identical failures)."""
+
+
+class StateLost(ElasticError):
+    """Some of the training state has no live, trusted holder (both holders of a shard lost): the job must
+    resume from its disaster-recovery checkpoint."""

@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Callable
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from slurm_elastic.errors import ConfigError
 
-FaultPhase = Literal["forward", "backward", "bucket", "allreduce", "optimizer", "commit", "recovery"]
-FaultAction = Literal["kill", "kill_node", "stop", "raise"]
+FaultPhase = Literal["forward", "backward", "bucket", "reduce_scatter", "allreduce", "optimizer", "commit", "recovery"]
+FaultAction = Literal["kill", "kill_node", "stop", "raise", "corrupt"]
 ENV_VAR = "SLURM_ELASTIC_FAULTS"
 
 
@@ -61,6 +62,10 @@ class FaultPlan:
         """Raise an ordinary exception, as a bug in the user's code would."""
         return self.add(node=node, step=step, phase=phase, local_rank=local_rank, action="raise")
 
+    def corrupt(self, node: str, step: int, local_rank: int = 0) -> FaultPlan:
+        """Flip bits in the worker's own copy of its shard once `step` is committed (a sharded job's bad memory)."""
+        return self.add(node=node, step=step, phase="commit", local_rank=local_rank, action="corrupt")
+
     def to_env(self) -> dict[str, str]:
         return {ENV_VAR: _FAULTS.dump_json(list(self.faults)).decode()} if self.faults else {}
 
@@ -83,6 +88,7 @@ class FaultInjector:
     """Worker side: fires this worker's faults at their step and phase."""
 
     def __init__(self, plan: FaultPlan, node: str, local_rank: int, incarnation: int) -> None:
+        self.corrupt: Callable[[], None] | None = None  # what a "corrupt" fault does (set by the training job)
         self._pending = [
             f
             for f in plan.faults
@@ -101,9 +107,12 @@ class FaultInjector:
                 self._fire(fault)
                 return
 
-    @staticmethod
-    def _fire(fault: Fault) -> None:
-        if fault.action == "kill":
+    def _fire(self, fault: Fault) -> None:
+        if fault.action == "corrupt":
+            if self.corrupt is None:
+                raise InjectedFault(f"corrupt fault at step {fault.step}: this job holds no shard to corrupt")
+            self.corrupt()
+        elif fault.action == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
         elif fault.action == "kill_node":
             os.killpg(os.getpgrp(), signal.SIGKILL)

@@ -79,6 +79,22 @@ class FaultyGroup(Group):
 
         return wait_then_die
 
+    def launch_all_gather(self, output: torch.Tensor, tensor: torch.Tensor) -> Callable[[], None]:
+        return self._after(self._next(), super().launch_all_gather(output, tensor))
+
+    def launch_reduce_scatter(self, output: torch.Tensor, tensor: torch.Tensor) -> Callable[[], None]:
+        return self._after(self._next(), super().launch_reduce_scatter(output, tensor))
+
+    def _after(self, die_after: bool, wait: Callable[[], None]) -> Callable[[], None]:
+        if not die_after:
+            return wait
+
+        def wait_then_die() -> None:
+            wait()
+            raise RankDied(f"died after collective {self._fault.nth} of generation {self.generation}")
+
+        return wait_then_die
+
     def allreduce_(self, tensor: torch.Tensor) -> None:
         die_after = self._next()
         super().allreduce_(tensor)

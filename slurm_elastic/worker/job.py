@@ -49,6 +49,10 @@ from slurm_elastic.worker.process import ProcessHooks
 from slurm_elastic.worker.reduction import DEFAULT_BUCKET_MB, GradientReducer, reduce_dtype_of
 from slurm_elastic.worker.replica import Replica
 from slurm_elastic.worker.runtime import Runtime, WorkerEnded
+from slurm_elastic.worker.sharded.checkpoint import ShardedCheckpoints
+from slurm_elastic.worker.sharded.holder import ShardedReplica
+from slurm_elastic.worker.sharded.remesh import is_sharded
+from slurm_elastic.worker.sharded.step import ShardedStep
 from slurm_elastic.worker.step import Step
 
 log = structlog.get_logger("slurm_elastic.worker")
@@ -61,6 +65,18 @@ class Samples(Protocol):
     def __len__(self) -> int: ...
 
     def __getitem__(self, index: int) -> Any: ...
+
+
+class Checkpoints(Protocol):
+    """Disaster-recovery checkpoints: a replica's (`worker.checkpoint`) or a sharded job's (`sharded.checkpoint`)."""
+
+    def load_into(self, replica: Any) -> bool: ...
+
+    def after_commit(self, replica: Any, rank: int) -> None: ...
+
+    def save_now(self, replica: Any) -> None: ...
+
+    def close(self) -> None: ...
 
 
 class JobEnded(SystemExit):
@@ -98,7 +114,18 @@ class ElasticJob:
         self.env = env or worker_env()
         self.seed = seed
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
-        self._replica = Replica(model, optimizer, scheduler)
+        self._sharded: ShardedStep | None = None
+        self._replica: Replica | ShardedReplica
+        if is_sharded(model):  # fully_shard (FSDP2): shards held twice, re-sharded from peers (docs/fsdp.md)
+            if reduce_dtype not in (None, "float32"):
+                raise ConfigError(
+                    f"invalid reduce_dtype {reduce_dtype!r} for a fully_shard model: FSDP2 sums in float32"
+                )
+            self._replica = ShardedReplica(model, optimizer, scheduler)
+            self._replica.clip = clip_grad_norm
+            self._sharded = ShardedStep(self._replica)
+        else:
+            self._replica = Replica(model, optimizer, scheduler)
         self._replica.reference_world = reference_world
         self._dataset = dataset
         self._order = SampleOrder(len(dataset), seed)
@@ -109,8 +136,12 @@ class ElasticJob:
         self._plan = plan_step(self._policy(), 1)  # validates the batch arguments now, with a clear error
         params = [p for p in model.parameters() if p.requires_grad]
         device = params[0].device if params else torch.device("cpu")
-        dtype = reduce_dtype_of(reduce_dtype or self.env.reduce_dtype or "float32")
-        self._reducer = GradientReducer(params, dtype, bucket_mb=bucket_mb or self.env.bucket_mb or DEFAULT_BUCKET_MB)
+        dtype = reduce_dtype_of("float32" if self._sharded else reduce_dtype or self.env.reduce_dtype or "float32")
+        self._reducer = (
+            None
+            if self._sharded
+            else GradientReducer(params, dtype, bucket_mb=bucket_mb or self.env.bucket_mb or DEFAULT_BUCKET_MB)
+        )
         depth = prefetch if prefetch is not None else self.env.prefetch
         self._prefetch = Prefetcher(
             self._load_batch,
@@ -132,12 +163,14 @@ class ElasticJob:
         self._started = False
         self._ledger: LedgerWriter | None = None  # opened once the job's run number is known
         ckpt = self.env.checkpoint_dir
-        self._checkpoints = (
-            DisasterRecovery(ckpt, self.env.checkpoint_every, self.env.checkpoint_background, self._report)
-            if ckpt
-            else None
+        kind = ShardedCheckpoints if self._sharded else DisasterRecovery
+        self._checkpoints: Checkpoints | None = (
+            kind(ckpt, self.env.checkpoint_every, self.env.checkpoint_background, self._report) if ckpt else None
         )
         self._runtime.checkpoints = self._checkpoints is not None
+        self._runtime.sharded = self._sharded is not None
+        if isinstance(self._replica, ShardedReplica):
+            self._faults_corrupt()
         if self._faults.armed:
             self._install_fault_hooks()
 
@@ -167,7 +200,7 @@ class ElasticJob:
 
     @property
     def reduce_dtype(self) -> str:
-        return self._reducer.reduce_dtype
+        return self._reducer.reduce_dtype if self._reducer else "float32"
 
     def steps(self, total_steps: int) -> Iterator[Step]:
         """Yield step attempts until `total_steps` optimizer steps are committed."""
@@ -232,10 +265,16 @@ class ElasticJob:
     def backward_micro_batch(self, step: Step, mb: MicroBatch, loss: torch.Tensor, closing: bool) -> None:
         if closing:
             self._contribute(step)
+        if self._sharded:
+            self._faults.hit("backward", step.number)
+            self._sharded.backward(loss, mb.weight)
+            return
+        assert self._reducer is not None
         self._reducer.add_control(loss, mb.weight, self._runtime.change_requested() if closing else None)
         self._reducer.backward(loss, mb.weight, closing=closing)
 
     def close_without_micro_batches(self, step: Step) -> None:
+        assert self._reducer is not None  # a sharded job's ranks always run passes (lockstep)
         self._contribute(step)
         self._reducer.add_control(torch.zeros(()), 0.0, self._runtime.change_requested())
         self._reducer.launch_rest()
@@ -273,6 +312,12 @@ class ElasticJob:
 
     def _new_attempt(self) -> Step:
         number = self.step + 1
+        if self._sharded:
+            assert self._runtime.group is not None
+            hit = lambda kind: self._faults.hit("reduce_scatter", number) if kind == "reduce-scatter" else None  # noqa: E731
+            self._sharded.begin(self._runtime.group, number, hit)
+            return Step(self, number, self.cursor, self._plan.lockstep(self.rank), self.rank, self.world_size)
+        assert self._reducer is not None
         group = self._runtime.group if self.world_size > 1 else None
         self._reducer.begin(group, on_launch=lambda _bucket: self._faults.hit("bucket", number))
         micro = self._plan.for_rank(self.rank)
@@ -295,14 +340,21 @@ class ElasticJob:
     def _commit(self, attempt: Step) -> None:
         self.set_phase("allreduce")
         self._faults.hit("allreduce", attempt.number)
-        loss, change_wanted = self._reducer.wait()
-        self.set_phase("optimizer")
-        if self._clip is not None:
-            torch.nn.utils.clip_grad_norm_(self._params, self._clip)
-        self._replica.optimizer_step(self._plan.lr_factor)
-        self._reducer.after_optimizer()
-        self._faults.hit("commit", attempt.number)
-        self._replica.commit(attempt.number, self._plan.step_samples)
+        if self._sharded:
+            loss, change_wanted, norm2 = self._sharded.finish(self._runtime.change_requested())
+            self.set_phase("optimizer")
+            self._faults.hit("commit", attempt.number)
+            self._sharded.commit(self._plan.step_samples, norm2, self._plan.lr_factor)
+        else:
+            assert self._reducer is not None and isinstance(self._replica, Replica)
+            loss, change_wanted = self._reducer.wait()
+            self.set_phase("optimizer")
+            if self._clip is not None:
+                torch.nn.utils.clip_grad_norm_(self._params, self._clip)
+            self._replica.optimizer_step(self._plan.lr_factor)
+            self._reducer.after_optimizer()
+            self._faults.hit("commit", attempt.number)
+            self._replica.commit(attempt.number, self._plan.step_samples)
         if self._ledger:
             self._ledger_write(lambda ledger: ledger.commit(self.generation, self.step, self.cursor))
         if self.rank == 0:
@@ -349,18 +401,16 @@ class ElasticJob:
             self._ledger = LedgerWriter(self.env.ledger_dir, self.env.worker_id, run)
 
     def _recover(self, *, patient: bool) -> None:
-        self._reducer.abandon()  # an abandoned sum may still write into the old buffers
+        if self._reducer:
+            self._reducer.abandon()  # an abandoned sum may still write into the old buffers
         entered = self._runtime.recover(self._replica, patient=patient)
         self._entered()
-        self._runtime.report_generation(
-            entered,
-            {
-                "batch_policy": self._plan.reason,
-                "lr_factor": self._plan.lr_factor,
-                "reduce_dtype": self._reducer.reduce_dtype,
-                "buckets": self._reducer.bucket_count,
-            },
-        )
+        extra: dict[str, Any] = {"batch_policy": self._plan.reason, "lr_factor": self._plan.lr_factor}
+        if self._reducer:
+            extra |= {"reduce_dtype": self._reducer.reduce_dtype, "buckets": self._reducer.bucket_count}
+        if isinstance(self._replica, ShardedReplica):
+            extra |= {"strategy": "fsdp2", "mirrors": self._replica.wards is not None}
+        self._runtime.report_generation(entered, extra)
 
     def _entered(self) -> None:
         """A generation is formed: plan its steps and the batches this rank will read."""
@@ -372,7 +422,7 @@ class ElasticJob:
 
     def _schedule(self) -> Iterator[tuple[int, int]]:
         plan, cursor = self._plan, self.cursor
-        mine = plan.for_rank(self.rank)
+        mine = plan.lockstep(self.rank) if self._sharded else plan.for_rank(self.rank)
         for k in range(max(0, self._total_steps - self.step)):
             base = cursor + k * plan.step_samples
             for mb in mine:
@@ -411,10 +461,18 @@ class ElasticJob:
 
     # --- faults ---------------------------------------------------------------------------------------
 
+    def _faults_corrupt(self) -> None:
+        """A "corrupt" fault flips bits in this rank's own copy of its shard; the sharded job reports events."""
+        replica = self._replica
+        assert isinstance(replica, ShardedReplica)
+        replica.on_refused = lambda line: self._report("shard_refused", {"detail": line, "step": self.step})
+        if isinstance(self._faults, FaultInjector):
+            self._faults.corrupt = replica.corrupt_own
+
     def _install_fault_hooks(self) -> None:
         faults = self._faults
         self.model.register_forward_pre_hook(lambda *_: faults.hit("forward", self.step + 1))
-        if self._params:
+        if self._params and not self._sharded:  # a sharded job's parameters are replaced on re-shard
             self._params[0].register_hook(lambda grad: faults.hit("backward", self.step + 1))
         self.optimizer.register_step_pre_hook(lambda *_: faults.hit("optimizer", self.step + 1))
 

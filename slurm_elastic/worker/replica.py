@@ -10,7 +10,9 @@ from typing import Any
 
 import torch
 
+from slurm_elastic.worker.comm import Group
 from slurm_elastic.worker.state import Snapshot, capture, fingerprint, restore
+from slurm_elastic.worker.sync import SyncResult, synchronize
 
 
 class Replica:
@@ -40,6 +42,14 @@ class Replica:
         if progress.get("reference_world") is not None:
             self.reference_world = int(progress["reference_world"])
         self.fresh = False
+
+    def synchronize(self, group: Group, store: Any, key_prefix: str, members: list[str]) -> SyncResult:
+        """Every member of the generation ends holding the same committed state (full replicas)."""
+        result = synchronize(group, store, key_prefix, self.committed_step, self.fingerprint(), self.capture)
+        if result.received is not None:
+            self.restore(result.received)
+        self.fresh = False
+        return result
 
     def fingerprint(self) -> tuple[float, float]:
         return fingerprint(self.model)
