@@ -63,8 +63,9 @@ class FaultPlan:
         return self.add(node=node, step=step, phase=phase, local_rank=local_rank, action="raise")
 
     def corrupt(self, node: str, step: int, local_rank: int = 0) -> FaultPlan:
-        """Flip bits in the worker's own copy of its shard once `step` is committed (a sharded job's bad memory)."""
-        return self.add(node=node, step=step, phase="commit", local_rank=local_rank, action="corrupt")
+        """Flip bits in the worker's own copy of its shard when a generation forms before step `step` (after
+        its digest was taken at the last commit: a sharded job's bad memory)."""
+        return self.add(node=node, step=step, phase="recovery", local_rank=local_rank, action="corrupt")
 
     def to_env(self) -> dict[str, str]:
         return {ENV_VAR: _FAULTS.dump_json(list(self.faults)).decode()} if self.faults else {}

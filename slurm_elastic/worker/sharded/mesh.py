@@ -68,7 +68,11 @@ def generation_mesh(backend: Any, rank: int, world: int, label: str, device_type
         backend = dist.ProcessGroupGloo(dist.HashStore(), 0, 1, datetime.timedelta(seconds=60))
     name = _unique(label)
     pg = _wrap(backend, rank, world, device_type, name)
-    mesh = DeviceMesh(device_type, torch.arange(world), _init_backend=False, _rank=rank)
+    # A dim name of its own: DeviceMesh equality ignores the group and the rank, so DTensor's sharding caches
+    # would otherwise hand an older generation's mesh (or, with ranks as threads, another rank's) to a tensor.
+    mesh = DeviceMesh(
+        device_type, torch.arange(world), mesh_dim_names=(name.replace("-", "_"),), _init_backend=False, _rank=rank
+    )
     mesh._dim_group_names = [cast(Any, name)]
     mesh._pg_registry[cast(Any, name)] = pg  # torch's registry holds it weakly: the mesh keeps it alive
     return GenerationMesh(mesh, pg, name)
