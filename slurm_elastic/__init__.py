@@ -6,16 +6,27 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-__all__ = ["ElasticJob", "FaultPlan", "Step", "__version__"]
+__all__ = [
+    "ElasticError",
+    "ElasticJob",
+    "ElasticLoader",
+    "FaultPlan",
+    "Step",
+    "UsageError",
+    "__version__",
+    "read_model_state",
+]
+
+from slurm_elastic.errors import ElasticError, UsageError
 
 if TYPE_CHECKING:
     from slurm_elastic.faults import FaultPlan
-    from slurm_elastic.worker import ElasticJob, Step
+    from slurm_elastic.worker import ElasticJob, ElasticLoader, Step, read_model_state
 
 
 def __getattr__(name: str) -> Any:
     # Lazy: the agent and command-line tools import this package without paying for torch.
-    if name in ("ElasticJob", "Step"):
+    if name in ("ElasticJob", "ElasticLoader", "Step", "read_model_state"):
         from slurm_elastic import worker
 
         return getattr(worker, name)

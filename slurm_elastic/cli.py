@@ -11,7 +11,7 @@ from slurm_elastic.errors import ConfigError, ElasticError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from slurm_elastic.commands import bench, demo, jobs, run
+    from slurm_elastic.commands import bench, chaos, demo, jobs, run
     from slurm_elastic.data import cli as data_cli
     from slurm_elastic.hooks import cli as hooks_cli
 
@@ -25,6 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     data_cli.add_parser(sub)
     demo.add_parser(sub)
     bench.add_parser(sub)
+    chaos.add_parser(sub)
     jobs.add_parsers(sub)
     hooks_cli.add_parser(sub)
     return parser

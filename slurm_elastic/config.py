@@ -38,6 +38,7 @@ class JobConfig(BaseModel):
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     checkpoint_dir: Path | None = None
     checkpoint_every: int = Field(default=0, ge=0)
+    checkpoint_keep: int = Field(default=2, ge=1)  # disaster-recovery checkpoints kept (the newest ones)
     ledger_dir: Path | None = None
     node_watch_interval_s: float = Field(default=5.0, gt=0)
     requeue: bool = True
@@ -61,6 +62,8 @@ def training_env(cfg: JobConfig) -> dict[str, str]:
     env: dict[str, str] = {"SLURM_ELASTIC_LOG_FORMAT": cfg.log_format}
     if cfg.ledger_dir:
         env["SLURM_ELASTIC_LEDGER_DIR"] = str(cfg.ledger_dir)
+    if cfg.checkpoint_keep != 2:
+        env[ENV_PREFIX + "CHECKPOINT_KEEP"] = str(cfg.checkpoint_keep)
     for name in ("reduce_dtype", "bucket_mb", "prefetch"):
         value = getattr(cfg, name)
         if value is not None:

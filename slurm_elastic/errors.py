@@ -42,3 +42,8 @@ class JobFailed(ElasticError):
 class StateLost(ElasticError):
     """Some of the training state has no live, trusted holder (both holders of a shard lost): the job must
     resume from its disaster-recovery checkpoint."""
+
+
+class UsageError(ElasticError):
+    """The training script used ElasticJob in a way it does not support (the message says what is valid).
+    Raised where the misuse happens; a worker that hits one exits non-zero and the job fails."""

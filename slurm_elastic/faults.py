@@ -18,7 +18,9 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from slurm_elastic.errors import ConfigError
 
-FaultPhase = Literal["forward", "backward", "bucket", "reduce_scatter", "allreduce", "optimizer", "commit", "recovery"]
+FaultPhase = Literal[
+    "forward", "backward", "bucket", "reduce_scatter", "allreduce", "optimizer", "commit", "recovery", "transfer"
+]
 FaultAction = Literal["kill", "kill_node", "stop", "raise", "corrupt"]
 ENV_VAR = "SLURM_ELASTIC_FAULTS"
 
@@ -32,6 +34,7 @@ class Fault(BaseModel):
     action: FaultAction = "kill"
     local_rank: int = Field(default=0, ge=0)
     incarnation: int = Field(default=0, ge=0)
+    after: bool = False  # fire at the first `phase` of step `step` or any later step (a recovery, a transfer)
 
 
 _FAULTS: TypeAdapter[list[Fault]] = TypeAdapter(list[Fault])
@@ -63,9 +66,9 @@ class FaultPlan:
         return self.add(node=node, step=step, phase=phase, local_rank=local_rank, action="raise")
 
     def corrupt(self, node: str, step: int, local_rank: int = 0) -> FaultPlan:
-        """Flip bits in the worker's own copy of its shard when a generation forms before step `step` (after
-        its digest was taken at the last commit: a sharded job's bad memory)."""
-        return self.add(node=node, step=step, phase="recovery", local_rank=local_rank, action="corrupt")
+        """Flip bits in the worker's own copy of its shard when the first generation forms before step `step`
+        or a later one (after its digest was taken at the last commit: a sharded job's bad memory)."""
+        return self.add(node=node, step=step, phase="recovery", local_rank=local_rank, action="corrupt", after=True)
 
     def to_env(self) -> dict[str, str]:
         return {ENV_VAR: _FAULTS.dump_json(list(self.faults)).decode()} if self.faults else {}
@@ -103,7 +106,7 @@ class FaultInjector:
 
     def hit(self, phase: FaultPhase, step: int) -> None:
         for fault in self._pending:
-            if fault.phase == phase and fault.step == step:
+            if fault.phase == phase and (fault.step == step or (fault.after and step >= fault.step)):
                 self._pending.remove(fault)
                 self._fire(fault)
                 return

@@ -88,6 +88,8 @@ class LaunchInfo:
     heartbeat_interval_s: float
     worker_env: dict[str, str]
     lease_timeout_s: float = 10.0
+    launcher: str = "slurm"  # "local": `slurm-elastic run --local` (grow and reclaim start and stop local agents)
+    cwd: str | None = None  # where the training command runs (a local job's working directory)
 
     def write(self, directory: Path) -> Path:
         return write_private(directory, LAUNCH, json.dumps(asdict(self)).encode())

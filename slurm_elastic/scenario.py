@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from slurm_elastic.config import JobConfig
-from slurm_elastic.coordinator.server import Commit
+from slurm_elastic.coordinator.records import Commit
 from slurm_elastic.events import read_events
 from slurm_elastic.faults import FaultPlan
 from slurm_elastic.launch.local import JobResult, LocalJob

@@ -72,9 +72,11 @@ def run_slurm_demo(workdir: Path | None, log: Callable[[str], None], reduce_dtyp
     out = workdir or Path(tempfile.mkdtemp(prefix="slurm-elastic-demo-slurm-"))
     try:
         log(f"demo --slurm: reference run of {STEPS} steps on n[1-3], uninterrupted")
+        cluster.wait_nodes(cluster.nodes, want_idle=True, timeout_s=180)  # none still completing another job
         ref = DemoJob(out / "reference", backend, "n[1-3]", reduce_dtype)
         ref.wait("the reference run", ref.finished, timeout=900)
         log("demo --slurm: elastic run on n[1-3]; a satellite joins, n2 dies, the satellite is preempted and rejoins")
+        cluster.wait_nodes(cluster.nodes, want_idle=True, timeout_s=180)
         job = DemoJob(out / "elastic", backend, "n[1-3]", reduce_dtype)
         job.wait("the job to start", lambda: job.world() == 3)
         satellite = submit_satellite(backend, job.job_id, "train", env=job.env)

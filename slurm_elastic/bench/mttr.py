@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from slurm_elastic.config import JobConfig
-from slurm_elastic.coordinator.server import PublicView
+from slurm_elastic.coordinator.records import PublicView
 from slurm_elastic.launch.local import LocalJob
 from slurm_elastic.metrics import median, recovery_after
 from slurm_elastic.workload import corpus, train_command

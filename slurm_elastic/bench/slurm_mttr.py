@@ -70,6 +70,8 @@ def _submit(root: Path, mode: str, checkpoint_every: int) -> Run:
 
 def measure(mode: str, kills: int, cluster: LocalCluster, root: Path, log: Callable[[str], None]) -> dict[str, Any]:
     backend = CliBackend(env=cluster.command_env())
+    # A node still completing the previous job would make Slurm start this one on fewer nodes: wait for all.
+    cluster.wait_nodes(cluster.nodes, want_idle=True, timeout_s=180)
     run = _submit(root, mode, checkpoint_every=10)
     killed: list[float] = []
     try:

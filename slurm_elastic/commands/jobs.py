@@ -1,14 +1,18 @@
-"""Operator commands for a running job: `status`, `reclaim` (give nodes back) and `grow` (add satellites)."""
+"""Operator commands for a running job: `status`, `reclaim` (give nodes back) and `grow` (add satellites).
+
+On a local job (`slurm-elastic run --local`) `grow` starts local agents that join it and `reclaim` drains
+its newest nodes (`launch/localgrow.py`), so the same commands can be tried on one machine first."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 
 from slurm_elastic.commands.common import fail
 from slurm_elastic.errors import ElasticError, SlurmError
-from slurm_elastic.jobdir import JobHandle, find_job
+from slurm_elastic.jobdir import JobHandle, find_job, job_dir
 from slurm_elastic.wire import messages as msg
 from slurm_elastic.wire.channel import request
 
@@ -19,17 +23,18 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     status.add_argument("--json", action="store_true")
     status.set_defaults(func=run_status)
 
-    reclaim = sub.add_parser("reclaim", help="take K nodes back from a running job, at a step boundary")
+    reclaim = sub.add_parser("reclaim", help="take K nodes back from a running job (Slurm or local) at a step boundary")
     reclaim.add_argument("--job", required=True)
     reclaim.add_argument("--nodes", type=int, required=True, metavar="K")
     reclaim.add_argument("--timeout", type=float, default=600.0, help="give up after this many seconds")
     reclaim.set_defaults(func=run_reclaim)
 
-    grow = sub.add_parser("grow", help="add K nodes to a running job as preemptible satellite jobs")
+    grow = sub.add_parser("grow", help="add K nodes to a running job: Slurm satellite jobs, or local agents")
     grow.add_argument("--job", required=True)
     grow.add_argument("--nodes", type=int, required=True, metavar="K")
     grow.add_argument("--partition", default=None)
     grow.add_argument("--keep-pending", action="store_true", help="keep K satellites queued for freed nodes")
+    grow.add_argument("--timeout", type=float, default=120.0, help="local job: wait this long for the agents")
     grow.set_defaults(func=run_grow)
 
 
@@ -89,23 +94,45 @@ def choose_nodes_to_reclaim(status: msg.StatusReply, core_job: str, batch_host: 
     return chosen
 
 
+def _drain_and_wait(handle: JobHandle, nodes: list[str], timeout: float) -> bool:
+    """Drain `nodes` at the next step boundary; True once they left the job."""
+    print(f"reclaim: draining {', '.join(nodes)} from job {handle.job_id} at the next step boundary")
+    _ask(handle, msg.DrainRequest(nodes=nodes, mode="boundary", reason="reclaimed by an operator", source="reclaim"))
+    deadline = time.monotonic() + timeout
+    while set(nodes) & set(status_of(handle).nodes):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
+
+
+def run_reclaim_local(args: argparse.Namespace, handle: JobHandle) -> int:
+    from slurm_elastic.launch.localgrow import choose_local_nodes_to_reclaim, registered_nodes
+
+    status = status_of(handle)
+    nodes = choose_local_nodes_to_reclaim(status.nodes, registered_nodes(job_dir(args.job)), args.nodes, args.job)
+    if not _drain_and_wait(handle, nodes, args.timeout):
+        return fail(f"nodes {nodes} did not leave job {args.job} within {args.timeout:.0f} s", 1)
+    print(f"reclaim: released {', '.join(nodes)} (their agents exit by themselves)")
+    return 0
+
+
 def run_reclaim(args: argparse.Namespace) -> int:
+    from slurm_elastic.launch.localgrow import is_local_job
     from slurm_elastic.slurm import get_backend
 
     if args.nodes < 1:
         return fail(f"--nodes {args.nodes}: expected at least 1")
     handle = find_job(args.job)
+    if is_local_job(job_dir(args.job)):
+        return run_reclaim_local(args, handle)
     backend = get_backend()
     core = backend.job(args.job)
     status = status_of(handle)
     nodes = choose_nodes_to_reclaim(status, args.job, core.batch_host, args.nodes)
-    print(f"reclaim: draining {', '.join(nodes)} from job {args.job} at the next step boundary")
-    _ask(handle, msg.DrainRequest(nodes=nodes, mode="boundary", reason="reclaimed by an operator", source="reclaim"))
     deadline = time.monotonic() + args.timeout
-    while set(nodes) & set(status_of(handle).nodes):
-        if time.monotonic() > deadline:
-            return fail(f"nodes {nodes} did not leave job {args.job} within {args.timeout:.0f} s", 1)
-        time.sleep(0.2)
+    if not _drain_and_wait(handle, nodes, args.timeout):
+        return fail(f"nodes {nodes} did not leave job {args.job} within {args.timeout:.0f} s", 1)
     satellites = {status.node_jobs[n] for n in nodes if status.node_jobs.get(n) not in (None, args.job)}
     core_nodes = [n for n in nodes if status.node_jobs.get(n) in (None, args.job)]
     try:
@@ -128,13 +155,28 @@ def run_reclaim(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_grow_local(args: argparse.Namespace, handle: JobHandle) -> int:
+    from slurm_elastic.launch.localgrow import start_local_agents, wait_registered
+
+    if args.keep_pending or args.partition:
+        return fail("--keep-pending and --partition are Slurm settings; a local job grows with --nodes K only")
+    started = start_local_agents(args.job, job_dir(args.job), args.nodes)
+    wait_registered(started, lambda: status_of(handle).nodes, args.timeout)
+    print(json.dumps({"job": args.job, "nodes": [n.name for n in started], "pids": [n.pid for n in started]}))
+    print(f"grow: {len(started)} local node(s) registered; they join at the next step boundary", file=sys.stderr)
+    return 0
+
+
 def run_grow(args: argparse.Namespace) -> int:
+    from slurm_elastic.launch.localgrow import is_local_job
     from slurm_elastic.launch.slurm import submit_satellite
     from slurm_elastic.slurm import get_backend
 
     if args.nodes < 1:
         return fail(f"--nodes {args.nodes}: expected at least 1")
     handle = find_job(args.job)
+    if is_local_job(job_dir(args.job)):
+        return run_grow_local(args, handle)
     if args.keep_pending:
         reply = _ask(handle, msg.KeepPending(count=args.nodes, partition=args.partition))
         print(

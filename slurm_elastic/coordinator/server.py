@@ -14,13 +14,13 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
 from pydantic import BaseModel
 
 from slurm_elastic.coordinator.config import CoordinatorConfig
+from slurm_elastic.coordinator.records import Commit, Peer, PublicView, throughput
 from slurm_elastic.decide import membership as m
 from slurm_elastic.decide.failures import ExitRecord, identical_failure_verdict, never_joined_verdict, record_failure
 from slurm_elastic.decide.health import Liveness, find_unresponsive, stalled_for
@@ -37,45 +37,6 @@ MAX_COMMIT_RECORDS = 10_000  # the newest commits kept for tools (MTTR, demos); 
 MAX_TRACEBACKS = 100
 _RESERVED_FIELDS = frozenset({"event", "job", "time", "worker", "quiet", "kind"})  # set by the coordinator
 STORE_PREFIX = "rdzv"  # generation g's keys: rdzv/g<g>/...
-
-
-@dataclass
-class Peer:
-    """A connected worker or agent."""
-
-    writer: asyncio.StreamWriter
-    node: str
-    last_seen: float
-    step: int = -1
-    phase: str = "init"
-    phase_since: float = 0.0
-    pid: int = 0
-    slurm_job: str | None = None
-
-
-@dataclass(frozen=True)
-class Commit:
-    step: int
-    generation: int
-    world: int
-    loss: float
-    samples: int
-    worker_time: float
-    received: float
-
-
-@dataclass
-class PublicView:
-    """What other threads may read: copied under a lock."""
-
-    phase: str = "rendezvous"
-    generation: int = 0
-    world: int = 0
-    last_step: int = 0
-    reason: str = ""
-    failure_traceback: str | None = None
-    commits: list[Commit] = field(default_factory=list)
-    failed_after_training: list[str] = field(default_factory=list)  # finished training, then exited non-zero
 
 
 class Coordinator:
@@ -393,11 +354,7 @@ class Coordinator:
             )
 
     def _throughput(self) -> float | None:
-        commits = list(self._recent_commits)
-        if len(commits) < 2 or commits[-1].worker_time <= commits[0].worker_time:
-            return None
-        samples = sum(c.samples for c in commits[1:])
-        return round(samples / (commits[-1].worker_time - commits[0].worker_time), 1)
+        return throughput(list(self._recent_commits))
 
     def _on_worker_event(self, wid: str, e: msg.WorkerEvent) -> None:
         fields = {k: v for k, v in e.fields.items() if k not in _RESERVED_FIELDS}

@@ -247,8 +247,17 @@ def _start(state: State, cause: str, reason: str) -> Outcome:
     number = state.generation.number + 1 if state.generation else 1
     ranks = order_ranks((), state.workers.values())
     gen = Generation(number, ranks, None, cause)
+    # A drained node whose workers were all lost before a restart had its restarted workers refused: the
+    # drain is done, and must not outlive the generation (nor refuse that node's later joiners).
+    draining = _hosting(state.draining, state.workers)
     new = replace(
-        state, phase="running", generation=gen, change_requested=False, expected_override=None, at_boundary=frozenset()
+        state,
+        phase="running",
+        generation=gen,
+        draining=draining,
+        change_requested=False,
+        expected_override=None,
+        at_boundary=frozenset(),
     )
     return Outcome(new, (Announce(gen, (), ranks, ()),), reason)
 

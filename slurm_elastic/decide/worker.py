@@ -22,11 +22,18 @@ EXIT_COORDINATOR_LOST = 3
 @dataclass(frozen=True)
 class Situation:
     committed: int  # optimizer steps committed by this replica
-    total: int  # steps the loop asked for
+    total: int | None  # steps the loop asked for (None: the loop ends at a cursor, `cursor_goal`)
     attempt: AttemptOutcome  # how the last step attempt ended ("none": no attempt since the last move)
     superseded: bool  # the control thread saw a newer generation (or a Leave, a Stop, a lost coordinator)
     boundary_due: bool  # the last reduction carried a request to change membership at this boundary
     detail: str = ""  # why the attempt failed, when it did
+    cursor: int = 0  # the committed position in the global sample stream
+    cursor_goal: int | None = None  # the loop ends once the cursor reaches this (the end of an epoch)
+
+    def goal_reached(self) -> bool:
+        if self.total is not None and self.committed >= self.total:
+            return True
+        return self.cursor_goal is not None and self.cursor >= self.cursor_goal
 
 
 @dataclass(frozen=True)
@@ -64,10 +71,14 @@ def next_move(s: Situation) -> Move:
         return Recover(s.detail or "generation superseded during the step")
     if s.superseded:
         return Recover("generation superseded")
-    if s.committed >= s.total:
-        return Finish(f"{s.committed} of {s.total} steps committed")
+    if s.goal_reached():
+        if s.total is not None and s.committed >= s.total:
+            return Finish(f"{s.committed} of {s.total} steps committed")
+        return Finish(f"cursor {s.cursor} reached {s.cursor_goal} after step {s.committed}")
     if s.boundary_due:
         return CrossBoundary(f"membership changes after step {s.committed}")
+    if s.total is None:
+        return RunStep(f"step {s.committed + 1} (cursor {s.cursor} of {s.cursor_goal})")
     return RunStep(f"step {s.committed + 1} of {s.total}")
 
 

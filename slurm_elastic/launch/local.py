@@ -21,10 +21,11 @@ from slurm_elastic.agent import EXIT_FAILED
 from slurm_elastic.config import JobConfig, training_env
 from slurm_elastic.coordinator import CoordinatorThread
 from slurm_elastic.coordinator.config import coordinator_config
-from slurm_elastic.coordinator.server import PublicView
+from slurm_elastic.coordinator.records import PublicView
 from slurm_elastic.errors import ElasticError
 from slurm_elastic.faults import FaultPlan
-from slurm_elastic.jobdir import JobHandle, job_dir, new_local_job_id
+from slurm_elastic.jobdir import JobHandle, LaunchInfo, job_dir, new_local_job_id
+from slurm_elastic.launch.localgrow import registered_nodes
 from slurm_elastic.nodecache import remove_job_cache
 from slurm_elastic.wire.channel import new_secret
 
@@ -82,6 +83,11 @@ class LocalJob:
         )
         self.coordinator = CoordinatorThread(settings).start()
         JobHandle(self.job_id, self.address, self.secret, "localhost", os.getpid(), time.time()).write(self.dir)
+        # How to start one more node from outside (`slurm-elastic grow`, `agent --join`): no secret copied by hand.
+        LaunchInfo(
+            self.command, cfg.nproc_per_node, cfg.max_restarts, cfg.drain_grace_s, cfg.heartbeat_interval_s,
+            self.worker_env(), launcher="local", cwd=os.getcwd(),
+        ).write(self.dir)  # fmt: skip
         for _ in range(cfg.nodes):
             self.add_node()
         return self
@@ -94,22 +100,14 @@ class LocalJob:
     def add_node(self, name: str | None = None) -> str:
         """Start one more simulated node (an agent with its workers); it joins at a step boundary."""
         if name is None:
-            while f"local{self._next_node}" in self.agents:
+            used = set(registered_nodes(self.dir))  # nodes `slurm-elastic grow` added are never named again
+            while f"local{self._next_node}" in self.agents or f"local{self._next_node}" in used:
                 self._next_node += 1
             name = f"local{self._next_node}"
         cfg = self.config
-        worker_env = {
-            **training_env(cfg),
-            **self.faults.to_env(),
-            **self.extra_env,
-            "OMP_NUM_THREADS": self.extra_env.get("OMP_NUM_THREADS", "1"),
-        }
-        if cfg.checkpoint_dir:
-            worker_env["SLURM_ELASTIC_CHECKPOINT_DIR"] = str(cfg.checkpoint_dir)
-            worker_env["SLURM_ELASTIC_CHECKPOINT_EVERY"] = str(cfg.checkpoint_every)
         env = {
             **os.environ,
-            **worker_env,
+            **self.worker_env(),
             "SLURM_ELASTIC_SECRET": self.secret,
         }
         argv = [
@@ -133,6 +131,20 @@ class LocalJob:
             argv, env=env, start_new_session=True, stdout=out, stderr=subprocess.STDOUT if out else None
         )
         return name
+
+    def worker_env(self) -> dict[str, str]:
+        """What every node's workers get in their environment (the secret apart)."""
+        cfg = self.config
+        env = {
+            **training_env(cfg),
+            **self.faults.to_env(),
+            **self.extra_env,
+            "OMP_NUM_THREADS": self.extra_env.get("OMP_NUM_THREADS", "1"),
+        }
+        if cfg.checkpoint_dir:
+            env["SLURM_ELASTIC_CHECKPOINT_DIR"] = str(cfg.checkpoint_dir)
+            env["SLURM_ELASTIC_CHECKPOINT_EVERY"] = str(cfg.checkpoint_every)
+        return env
 
     def kill_node(self, name: str, sig: int = signal.SIGKILL) -> float:
         """Signal a whole simulated node (agent and workers); returns the wall-clock time of the kill."""

@@ -1,6 +1,8 @@
 """The worker library: what runs inside each training process."""
 
+from slurm_elastic.worker.checkpoint import read_model_state
+from slurm_elastic.worker.data import ElasticLoader
 from slurm_elastic.worker.job import ElasticJob
 from slurm_elastic.worker.step import Step
 
-__all__ = ["ElasticJob", "Step"]
+__all__ = ["ElasticJob", "ElasticLoader", "Step", "read_model_state"]

@@ -46,6 +46,47 @@ def list_checkpoints(directory: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
+def read_checkpoint(path: Path) -> tuple[int, Snapshot]:
+    """One checkpoint file (a disaster-recovery one, or one written by `job.save(path)`)."""
+    try:
+        data = torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise CheckpointError(f"no checkpoint at {path}") from None
+    except Exception as exc:  # torch.load of a torn or foreign file raises almost anything
+        raise CheckpointError(f"{path} is not a readable checkpoint: {str(exc)[:300]}") from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        found = data.get("format") if isinstance(data, dict) else type(data).__name__
+        raise CheckpointError(f"{path} is not a slurm-elastic checkpoint: format {found!r}, expected {FORMAT}")
+    return int(data["step"]), Snapshot(json.loads(data["meta"]), list(data["tensors"]))
+
+
+def read_model_state(path: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
+    """The model's state dict in a checkpoint (`job.save(path)` or a disaster-recovery one), to evaluate or
+    export the model without building a job: `model.load_state_dict(read_model_state(path))`."""
+    from slurm_elastic.worker.state import decode
+
+    _, snap = read_checkpoint(Path(path))
+    state: dict[str, torch.Tensor] = decode(snap)["model"]
+    return state
+
+
+def write_checkpoint(path: Path, step: int, snap: Snapshot) -> None:
+    """Write `snap` to `path` atomically (a temporary name, fsync, rename); tensors are copied to the CPU."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tensors = [t.detach().to("cpu", copy=True) for t in snap.tensors]
+    payload = {"format": FORMAT, "step": step, "meta": json.dumps(snap.meta), "tensors": tensors}
+    try:
+        with open(tmp, "wb") as fh:
+            torch.save(payload, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+
+
 def load_latest(directory: Path, on_skip: Callable[[Path, str], None] | None = None) -> tuple[int, Snapshot] | None:
     """The newest readable checkpoint; each unreadable newer one is passed to `on_skip(path, error)`."""
     for step, path in reversed(list_checkpoints(directory)):
@@ -114,10 +155,10 @@ class DisasterRecovery:
     """One worker's disaster-recovery checkpoints: loaded when the job (re)starts, written by rank 0 every
     `every` steps in the background, and at once when the job is suspended or finishes."""
 
-    def __init__(self, directory: Path, every: int, background: bool, report: Report) -> None:
+    def __init__(self, directory: Path, every: int, background: bool, report: Report, keep: int = 2) -> None:
         self.directory = directory
         self.every = every
-        self.writer = CheckpointWriter(directory, background=background)
+        self.writer = CheckpointWriter(directory, keep=keep, background=background)
         self.report = report  # kind, fields: one event each (a failed write is never silent)
 
     def load_into(self, replica: Replica) -> bool:

@@ -50,6 +50,7 @@ class WorkerEnv:
     reduce_dtype: str | None = None  # the job's setting; an explicit ElasticJob argument wins
     bucket_mb: float | None = None
     prefetch: int | None = None
+    checkpoint_keep: int | None = None  # the job's setting; ElasticJob(keep_checkpoints=) wins; default 2
 
     @property
     def standalone(self) -> bool:
@@ -114,4 +115,5 @@ def worker_env(env: Mapping[str, str] | None = None) -> WorkerEnv:
         reduce_dtype=env.get(PREFIX + "REDUCE_DTYPE") or None,
         bucket_mb=_float(env, "BUCKET_MB"),
         prefetch=_int(env, "PREFETCH", -1) if env.get(PREFIX + "PREFETCH") else None,
+        checkpoint_keep=_int(env, "CHECKPOINT_KEEP", 0) or None,
     )

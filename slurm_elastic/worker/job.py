@@ -1,9 +1,14 @@
 """`ElasticJob`: the worker library that turns a data-parallel training loop into an elastic one.
 
     job = ElasticJob(model, optimizer, scheduler, dataset=data, global_batch=64, micro_batch=8)
-    for step in job.steps(1000):
-        for x, y in step.micro_batches():
-            step.backward(loss_fn(model(x), y))
+    for epoch in job.epochs(10):                 # or: for x, y in job.micro_batches(total_steps):
+        for x, y in job.micro_batches():
+            job.backward(loss_fn(model(x), y))
+        evaluate_and_log(epoch)                  # per-epoch code; job.on_step / job.on_epoch hooks too
+
+The first use of `job.rank`, `job.world_size`, `job.epoch`, ... joins the job (so does the loop). A job
+runs one loop, to its end (`usage.py` says what is refused and why). The user's own state
+(`extra_state=`) travels with the replica's; `job.save(path)` / `resume_from=` are the script's snapshots.
 
 A step is the unit of atomicity. This rank's micro-batches accumulate; during the last one's backward the
 gradients are summed over the ranks in buckets as they become ready (`reduction.py`), together with the
@@ -18,31 +23,31 @@ when the worker left the job, the job stopped or failed, or the coordinator was 
 
 from __future__ import annotations
 
-import time
+import os
+import sys
 from collections.abc import Callable, Iterator
-from typing import Any, NoReturn, Protocol
+from pathlib import Path
+from typing import Any, NoReturn
 
 import structlog
 import torch
-from torch.utils.data import default_collate
 
 from slurm_elastic.data.order import SampleOrder
 from slurm_elastic.decide import worker as decide
-from slurm_elastic.decide.batching import (
-    BatchPolicy,
-    LrRule,
-    MicroBatch,
-    PreserveGlobalBatch,
-    ScaleLearningRate,
-    plan_step,
-)
-from slurm_elastic.errors import ConfigError, ElasticError, JobFailed
+from slurm_elastic.decide.batching import LrRule, plan_step
+from slurm_elastic.decide.epochs import Goal, epoch_end, epoch_of, positive_int
+from slurm_elastic.errors import ConfigError, JobFailed, UsageError
 from slurm_elastic.faults import FaultInjector
-from slurm_elastic.ledger import LedgerError, LedgerWriter
-from slurm_elastic.wire.messages import AtBoundary, Committed, Finished, Phase, WorkerEvent
-from slurm_elastic.worker.checkpoint import DisasterRecovery
+from slurm_elastic.ledger import LedgerWriter
+from slurm_elastic.wire.messages import AtBoundary, Finished
+from slurm_elastic.worker import userstate
+from slurm_elastic.worker.callbacks import Callbacks, EpochHook, StepHook
+from slurm_elastic.worker.checkpoint import CheckpointError, DisasterRecovery, read_checkpoint, write_checkpoint
 from slurm_elastic.worker.comm import CollectiveFailed, Interrupt, Interrupted
+from slurm_elastic.worker.data import ElasticLoader, Samples, data_settings
 from slurm_elastic.worker.env import WorkerEnv, worker_env
+from slurm_elastic.worker.loadpool import LoadPool
+from slurm_elastic.worker.optguard import guard_optimizer
 from slurm_elastic.worker.ports import Ports
 from slurm_elastic.worker.prefetch import Prefetcher
 from slurm_elastic.worker.process import ProcessHooks
@@ -50,33 +55,21 @@ from slurm_elastic.worker.reduction import DEFAULT_BUCKET_MB, GradientReducer, r
 from slurm_elastic.worker.replica import Replica
 from slurm_elastic.worker.runtime import Runtime, WorkerEnded
 from slurm_elastic.worker.sharded.checkpoint import ShardedCheckpoints
-from slurm_elastic.worker.sharded.holder import ShardedReplica
-from slurm_elastic.worker.sharded.remesh import is_sharded
-from slurm_elastic.worker.sharded.step import ShardedStep
+from slurm_elastic.worker.sharded.step import sharded_step
 from slurm_elastic.worker.step import Step
+from slurm_elastic.worker.stepper import Checkpoints, StepRunner
+from slurm_elastic.worker.usage import (
+    LoopName,
+    LoopState,
+    backward_outside,
+    left_early,
+    left_early_signature,
+    save_during_step,
+    save_sharded,
+)
 
 log = structlog.get_logger("slurm_elastic.worker")
 DEFAULT_PREFETCH = 4
-
-
-class Samples(Protocol):
-    """A map-style data set, as torch's DataLoader takes: `len(data)` samples, `data[i]` the i-th."""
-
-    def __len__(self) -> int: ...
-
-    def __getitem__(self, index: int) -> Any: ...
-
-
-class Checkpoints(Protocol):
-    """Disaster-recovery checkpoints: a replica's (`worker.checkpoint`) or a sharded job's (`sharded.checkpoint`)."""
-
-    def load_into(self, replica: Any) -> bool: ...
-
-    def after_commit(self, replica: Any, rank: int) -> None: ...
-
-    def save_now(self, replica: Any) -> None: ...
-
-    def close(self) -> None: ...
 
 
 class JobEnded(SystemExit):
@@ -87,66 +80,78 @@ class JobEnded(SystemExit):
         self.ending = ending
 
 
-class ElasticJob:
+class ElasticJob(StepRunner):
     def __init__(
         self,
         model: torch.nn.Module,
         optimizer: torch.optim.Optimizer,
         scheduler: Any | None = None,
         *,
-        dataset: Samples,
-        micro_batch: int,
+        dataset: Samples | None = None,
+        micro_batch: int | None = None,
         global_batch: int | None = None,
         per_replica_batch: int | None = None,
         lr_rule: LrRule = "linear",
         reference_world: int | None = None,
         seed: int = 0,
+        loader: Any | None = None,
+        shuffle: bool | None = None,
         collate_fn: Callable[[list[Any]], Any] | None = None,
+        num_workers: int | None = None,
+        pin_memory: bool | None = None,
         clip_grad_norm: float | None = None,
         reduce_dtype: str | None = None,
         bucket_mb: float | None = None,
         prefetch: int | None = None,
+        extra_state: dict[str, Any] | None = None,
+        resume_from: str | os.PathLike[str] | None = None,
+        keep_checkpoints: int | None = None,
         env: WorkerEnv | None = None,
         ports: Ports | None = None,
     ) -> None:
-        if (global_batch is None) == (per_replica_batch is None):
-            raise ConfigError("give exactly one of global_batch (preserve the global batch) or per_replica_batch")
+        if global_batch is not None and per_replica_batch is not None:
+            raise ConfigError("give global_batch (preserve the global batch) or per_replica_batch, not both")
+        data = data_settings(
+            dataset=dataset, loader=loader, micro_batch=micro_batch, collate_fn=collate_fn,
+            num_workers=num_workers, pin_memory=pin_memory, shuffle=shuffle,
+        )  # fmt: skip
         self.env = env or worker_env()
         self.seed = seed
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
-        self._sharded: ShardedStep | None = None
-        self._replica: Replica | ShardedReplica
-        if is_sharded(model):  # fully_shard (FSDP2): shards held twice, re-sharded from peers (docs/fsdp.md)
-            if reduce_dtype not in (None, "float32"):
-                raise ConfigError(
-                    f"invalid reduce_dtype {reduce_dtype!r} for a fully_shard model: FSDP2 sums in float32"
-                )
-            self._replica = ShardedReplica(model, optimizer, scheduler)
-            self._replica.clip = clip_grad_norm
-            self._sharded = ShardedStep(self._replica)
-        else:
-            self._replica = Replica(model, optimizer, scheduler)
+        self.extra_state: dict[str, Any] = userstate.validate(extra_state)  # the caller's dict, kept as is
+        # A fully_shard (FSDP2) model: shards held twice, re-sharded from peers (docs/fsdp.md); else replicas.
+        self._sharded = sharded_step(
+            model, optimizer, scheduler, self.extra_state, reduce_dtype, resume_from, clip_grad_norm
+        )
+        self._replica = (
+            self._sharded.replica if self._sharded else Replica(model, optimizer, scheduler, self.extra_state)
+        )
         self._replica.reference_world = reference_world
-        self._dataset = dataset
-        self._order = SampleOrder(len(dataset), seed)
-        self._collate = collate_fn or default_collate
+        self._dataset = data.dataset
+        self._order = SampleOrder(len(data.dataset), seed, shuffle=data.shuffle)
+        self._collate = data.collate
         self._clip = clip_grad_norm
-        self._global_batch, self._per_replica, self._micro = global_batch, per_replica_batch, micro_batch
+        self._global_batch, self._per_replica, self._micro = global_batch, per_replica_batch, data.micro_batch
         self._lr_rule: LrRule = lr_rule
         self._plan = plan_step(self._policy(), 1)  # validates the batch arguments now, with a clear error
         params = [p for p in model.parameters() if p.requires_grad]
         device = params[0].device if params else torch.device("cpu")
         dtype = reduce_dtype_of("float32" if self._sharded else reduce_dtype or self.env.reduce_dtype or "float32")
-        self._reducer = (
-            None
-            if self._sharded
-            else GradientReducer(params, dtype, bucket_mb=bucket_mb or self.env.bucket_mb or DEFAULT_BUCKET_MB)
-        )
+        bucket = bucket_mb or self.env.bucket_mb or DEFAULT_BUCKET_MB
+        self._reducer = None if self._sharded else GradientReducer(params, dtype, bucket_mb=bucket)
         depth = prefetch if prefetch is not None else self.env.prefetch
+        keep = positive_int("keep_checkpoints", keep_checkpoints) if keep_checkpoints is not None else None
+        keep = keep or self.env.checkpoint_keep or 2
+        if isinstance(loader, ElasticLoader):
+            loader.bind(self)  # (every argument is checked before the loader processes start)
+        pool = None
+        if data.num_workers:  # forked now, before any process group or control thread exists
+            pool = LoadPool(self._load_batch, data.num_workers, seed=seed, worker_init=data.worker_init)
         self._prefetch = Prefetcher(
             self._load_batch,
-            DEFAULT_PREFETCH if depth is None else depth,
-            pin_memory=device.type == "cuda",
+            max(DEFAULT_PREFETCH, 2 * data.num_workers) if depth is None else depth,
+            pin_memory=data.pin_memory and device.type == "cuda",
+            pool=pool,
         )
         self._params = params
         self._interrupt = Interrupt()
@@ -157,90 +162,132 @@ class ElasticJob:
         )
         self._runtime = Runtime(self.env, ports, self._faults, self._interrupt)
         self._boundary_due = False
-        self._total_steps = 0  # what the loop asked for (bounds how far batches are read ahead)
-        self._attempt: Step | None = None
-        self._process = ProcessHooks(self.env.node, self.env.worker_id, self._runtime.send)
+        self._goal: Goal | None = None  # where the loop ends (bounds how far batches are read ahead)
+        self._usage = LoopState()
+        self._hooks = Callbacks(len(data.dataset))
+        self._attempt: Step | None = None  # the step whose micro-batches job.backward() serves
+        self._live: Step | None = None  # the step attempt between its start and its commit (or abort)
+        self._loss: float | None = None
+        self._process = ProcessHooks(self.env.node, self.env.worker_id, self._runtime.send, enabled=ports.process_hooks)
         self._started = False
         self._ledger: LedgerWriter | None = None  # opened once the job's run number is known
+        self._resume_from = Path(resume_from) if resume_from is not None else None
         ckpt = self.env.checkpoint_dir
         kind = ShardedCheckpoints if self._sharded else DisasterRecovery
         self._checkpoints: Checkpoints | None = (
-            kind(ckpt, self.env.checkpoint_every, self.env.checkpoint_background, self._report) if ckpt else None
+            kind(ckpt, self.env.checkpoint_every, self.env.checkpoint_background, self._report, keep) if ckpt else None
         )
         self._runtime.checkpoints = self._checkpoints is not None
         self._runtime.sharded = self._sharded is not None
-        if isinstance(self._replica, ShardedReplica):
-            self._faults_corrupt()
+        if self._sharded:
+            self._sharded.attach(self._report, self._faults)
+        self._ignored: set[str] = set()
+        self._replica.step_fn = guard_optimizer(optimizer, lambda: self._usage.phase == "running", self._ignored_call)
         if self._faults.armed:
             self._install_fault_hooks()
 
-    # --- public ---------------------------------------------------------------------------------------
+    # --- where this replica stands (the first use joins the job) -------------------------------------
 
     @property
     def rank(self) -> int:
+        self._join()
         return self._runtime.rank
 
     @property
     def world_size(self) -> int:
+        self._join()
         return self._runtime.world
 
     @property
     def generation(self) -> int:
+        self._join()
         return self._runtime.generation
 
     @property
     def step(self) -> int:
-        """Committed optimizer steps."""
+        """Committed optimizer steps (of the whole run, resumed ones included)."""
+        self._join()
         return self._replica.step
 
     @property
     def cursor(self) -> int:
         """Committed position in the global sample stream."""
+        self._join()
         return self._replica.cursor
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next sample belongs to: cursor // len(dataset), the same on every rank."""
+        self._join()
+        return epoch_of(self._replica.cursor, self._order.num_samples)
+
+    @property
+    def loss(self) -> float | None:
+        """The last committed step's mean loss over its whole global batch (the same on every rank)."""
+        return self._loss
 
     @property
     def reduce_dtype(self) -> str:
         return self._reducer.reduce_dtype if self._reducer else "float32"
 
-    def steps(self, total_steps: int) -> Iterator[Step]:
-        """Yield step attempts until `total_steps` optimizer steps are committed."""
-        if not isinstance(total_steps, int) or isinstance(total_steps, bool) or total_steps < 1:
-            raise ConfigError(f"invalid total_steps {total_steps!r}: expected an integer >= 1")
-        self._total_steps = total_steps
-        try:
-            self._start()
-            outcome: decide.AttemptOutcome = "none"
-            detail = ""
-            while True:
-                situation = decide.Situation(
-                    self.step, total_steps, outcome, self._runtime.superseded(), self._boundary_due, detail
-                )
-                outcome, detail = "none", ""
-                match decide.next_move(situation):
-                    case decide.RunStep():
-                        attempt = self._new_attempt()
-                        yield attempt
-                        outcome, detail = self._conclude(attempt)
-                    case decide.Recover(patient=patient):
-                        self._recover(patient=patient)
-                    case decide.CrossBoundary():
-                        self._cross_boundary()
-                    case decide.Finish():
-                        self._finish()
-                        return
-        except WorkerEnded as ended:
-            self._end(ended.ending)
+    # --- the training loop ----------------------------------------------------------------------------
 
-    def micro_batches(self, total_steps: int) -> Iterator[Any]:
-        """The flat form of `steps()`: this rank's micro-batches, step after step; call `backward(loss)` on each."""
-        for attempt in self.steps(total_steps):
-            self._attempt = attempt
-            yield from attempt.micro_batches()
+    def steps(self, total_steps: int) -> Iterator[Step]:
+        """Yield step attempts until `total_steps` optimizer steps of the whole run are committed."""
+        self._open("steps", Goal(steps=positive_int("total_steps", total_steps)))
+        return self._guarded("steps", self._attempts(final=True))
+
+    def micro_batches(self, total_steps: int | None = None) -> Iterator[Any]:
+        """This rank's micro-batches, step after step, until `total_steps` optimizer steps of the whole run are
+        committed; call `backward(loss)` on each. Without `total_steps`, inside `job.epochs()`: this epoch's."""
+        if total_steps is None:
+            epoch = self._usage.epoch_batches_start()
+            goal = Goal(samples=epoch_end(epoch, self._order.num_samples))
+            return self._guarded("micro_batches", self._flat(goal, final=False))
+        self._open("micro_batches", Goal(steps=positive_int("total_steps", total_steps)))
+        return self._guarded("micro_batches", self._flat(None, final=True))
+
+    def epochs(self, total_epochs: int) -> Iterator[int]:
+        """Yield the epoch numbers from the job's current epoch (0, or where a resumed job stands) up to
+        `total_epochs - 1`; iterate `job.micro_batches()` once inside each."""
+        total = positive_int("total_epochs", total_epochs)
+        self._open("epochs", Goal(samples=total * self._order.num_samples))
+        return self._guarded("epochs", self._epoch_loop(total))
 
     def backward(self, loss: torch.Tensor) -> None:
         if self._attempt is None:
-            raise ElasticError("job.backward() must be called inside `for batch in job.micro_batches(...)`")
+            raise backward_outside()
         self._attempt.backward(loss)
+
+    def on_step(self, fn: StepHook) -> StepHook:
+        """Run `fn(step, loss)` on this rank after each step it commits (usable as a decorator)."""
+        self._hooks.on_step(fn)
+        return fn
+
+    def on_epoch(self, fn: EpochHook) -> EpochHook:
+        """Run `fn(epoch)` on this rank once `epoch` has ended (usable as a decorator)."""
+        self._hooks.on_epoch(fn)
+        return fn
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """Write this replica's whole state (model, optimizer, scheduler, RNG, cursor, extra_state) to `path`,
+        atomically; `ElasticJob(..., resume_from=path)` starts from it. Call it between steps, on one rank."""
+        self._join()
+        if self._live is not None:
+            raise save_during_step(self._live.number)
+        if not isinstance(self._replica, Replica):
+            raise save_sharded()
+        target = Path(path)
+        write_checkpoint(target, self._replica.step, self._replica.capture())
+        log.info("snapshot_saved", path=str(target), step=self._replica.step)
+        return target
+
+    def micro_batches_per_epoch(self) -> int:
+        """This rank's micro-batches in one epoch at the current world size (`len(loader)`)."""
+        self._join()
+        plan = self._plan
+        steps = -(-self._order.num_samples // plan.step_samples)
+        return steps * len(self._mine())
 
     def interrupted(self) -> bool:
         return self._interrupt.is_set()
@@ -254,123 +301,99 @@ class ElasticJob:
             self._ledger = None
         self._runtime.close()
 
-    # --- what a Step asks (StepHost) ------------------------------------------------------------------
+    # --- how the loops run ----------------------------------------------------------------------------
 
-    def batch(self, start: int, size: int) -> Any:
-        return self._prefetch.get(start, size)
+    def _ignored_call(self, name: str) -> None:
+        if name not in self._ignored:
+            self._ignored.add(name)
+            log.info("optimizer_call_ignored", call=f"optimizer.{name}()", why="the job steps once per global batch")
 
-    def set_phase(self, phase: Phase) -> None:
-        self._runtime.set_phase(self.step, phase)
+    def _join(self) -> None:
+        self._usage.usable()
+        if not self._started:
+            try:
+                self._start()
+            except WorkerEnded as ended:
+                self._end(ended.ending)
 
-    def backward_micro_batch(self, step: Step, mb: MicroBatch, loss: torch.Tensor, closing: bool) -> None:
-        if closing:
-            self._contribute(step)
-        if self._sharded:
-            self._faults.hit("backward", step.number)
-            self._sharded.backward(loss, mb.weight)
+    def _open(self, name: LoopName, goal: Goal) -> None:
+        self._usage.open(name, self._replica.step)
+        self._goal = goal
+        if self._started:
+            self._prefetch.plan(self._schedule())  # joined before the loop: now the loop's length is known
+
+    def _guarded(self, name: LoopName, inner: Iterator[Any]) -> Iterator[Any]:
+        try:
+            yield from inner
+        except GeneratorExit:
+            self._left_early(name)
+            raise
+
+    def _left_early(self, name: LoopName) -> None:
+        """The script dropped a loop before its end: this rank cannot take part in the step any more."""
+        if self._usage.phase != "running":
             return
-        assert self._reducer is not None
-        self._reducer.add_control(loss, mb.weight, self._runtime.change_requested() if closing else None)
-        self._reducer.backward(loss, mb.weight, closing=closing)
+        step = self._replica.step + 1
+        error = left_early(name, step)
+        self._usage.broke(error)
+        log.error("loop_left_early", worker=self.env.worker_id, step=step, error=str(error))
 
-    def close_without_micro_batches(self, step: Step) -> None:
-        assert self._reducer is not None  # a sharded job's ranks always run passes (lockstep)
-        self._contribute(step)
-        self._reducer.add_control(torch.zeros(()), 0.0, self._runtime.change_requested())
-        self._reducer.launch_rest()
+        def leave() -> None:
+            if self._reducer:
+                self._reducer.abandon()
+            self._runtime.abandon()
+            self.close()
 
-    def _contribute(self, step: Step) -> None:
-        # On record before any sum starts: a peer may commit the step with this rank's samples in it.
-        if self._ledger:
-            self._ledger_write(lambda ledger: ledger.contribute(self.generation, step.number, step.ranges))
+        if sys.is_finalizing():  # the interpreter is going away: nothing more to tell
+            return
+        self._process.report_later(error, left_early_signature(name), then=leave)
 
-    def _ledger_write(self, write: Callable[[LedgerWriter], None]) -> None:
-        """A ledger that cannot be written (a full disk) is reported once and closed; training goes on."""
-        assert self._ledger is not None
+    def _flat(self, goal: Goal | None, *, final: bool) -> Iterator[Any]:
+        for attempt in self._attempts(goal, final=final):
+            self._attempt = attempt
+            yield from attempt.micro_batches()
+        self._attempt = None
+
+    def _epoch_loop(self, total: int) -> Iterator[int]:
+        self._join()
+        n = self._order.num_samples
+        while (epoch := epoch_of(self._replica.cursor, n)) < total:
+            self._usage.enter_epoch(epoch)
+            yield epoch
+            self._usage.leave_epoch(epoch, ended=self._replica.cursor >= epoch_end(epoch, n))
+        for _ in self._attempts(final=True):  # recover if needed, then the job's final barrier
+            raise RuntimeError("slurm-elastic: a step is left after the last epoch ended")
+
+    def _attempts(self, goal: Goal | None = None, *, final: bool) -> Iterator[Step]:
+        """Step attempts until `goal` (default: the loop's) is reached; `final`: then finish the job."""
         try:
-            write(self._ledger)
-        except LedgerError as exc:
-            self._report("ledger_failed", {"error": str(exc), "step": self.step})
-            self._ledger.close()
-            self._ledger = None
-
-    def _report(self, kind: str, fields: dict[str, Any]) -> None:
-        """One structured event about this worker, through the coordinator (and this process's log)."""
-        log.warning(kind, worker=self.env.worker_id, **fields)
-        self._runtime.send(WorkerEvent(kind=kind, fields=fields))  # the coordinator adds the worker's id
-
-    def _load_batch(self, start: int, size: int) -> Any:
-        return self._collate([self._dataset[int(i)] for i in self._order.indices(start, size)])
-
-    # --- one step -------------------------------------------------------------------------------------
-
-    def _policy(self) -> BatchPolicy:
-        if self._global_batch is not None:
-            return PreserveGlobalBatch(self._global_batch, self._micro)
-        assert self._per_replica is not None
-        return ScaleLearningRate(self._per_replica, self._micro, self._replica.reference_world or 1, self._lr_rule)
-
-    def _new_attempt(self) -> Step:
-        number = self.step + 1
-        if self._sharded:
-            assert self._runtime.group is not None
-            hit = lambda kind: self._faults.hit("reduce_scatter", number) if kind == "reduce-scatter" else None  # noqa: E731
-            self._sharded.begin(self._runtime.group, number, hit)
-            return Step(self, number, self.cursor, self._plan.lockstep(self.rank), self.rank, self.world_size)
-        assert self._reducer is not None
-        group = self._runtime.group if self.world_size > 1 else None
-        self._reducer.begin(group, on_launch=lambda _bucket: self._faults.hit("bucket", number))
-        micro = self._plan.for_rank(self.rank)
-        return Step(self, number, self.cursor, micro, self.rank, self.world_size)
-
-    def _conclude(self, attempt: Step) -> tuple[decide.AttemptOutcome, str]:
-        if attempt.aborted:
-            return "aborted", "generation superseded during the step"
-        if not attempt.complete:
-            raise ElasticError(
-                f"the loop left step {attempt.number} before its last micro-batch: iterate every micro-batch "
-                "of every step (use job.steps() or job.micro_batches() without break)"
-            )
-        try:
-            self._commit(attempt)
-        except (Interrupted, CollectiveFailed) as exc:
-            return "failed", str(exc)
-        return "committed", ""
-
-    def _commit(self, attempt: Step) -> None:
-        self.set_phase("allreduce")
-        self._faults.hit("allreduce", attempt.number)
-        if self._sharded:
-            loss, change_wanted, norm2 = self._sharded.finish(self._runtime.change_requested())
-            self.set_phase("optimizer")
-            self._faults.hit("commit", attempt.number)
-            self._sharded.commit(self._plan.step_samples, norm2, self._plan.lr_factor)
-        else:
-            assert self._reducer is not None and isinstance(self._replica, Replica)
-            loss, change_wanted = self._reducer.wait()
-            self.set_phase("optimizer")
-            if self._clip is not None:
-                torch.nn.utils.clip_grad_norm_(self._params, self._clip)
-            self._replica.optimizer_step(self._plan.lr_factor)
-            self._reducer.after_optimizer()
-            self._faults.hit("commit", attempt.number)
-            self._replica.commit(attempt.number, self._plan.step_samples)
-        if self._ledger:
-            self._ledger_write(lambda ledger: ledger.commit(self.generation, self.step, self.cursor))
-        if self.rank == 0:
-            self._runtime.send(
-                Committed(
-                    generation=self.generation,
-                    step=self.step,
-                    loss=loss,
-                    samples=self._plan.step_samples,
-                    world=self.world_size,
-                    time=time.time(),
-                )
-            )
-        if self._checkpoints:
-            self._checkpoints.after_commit(self._replica, self.rank)
-        self._boundary_due = change_wanted
+            self._start()
+            until = goal or self._goal
+            assert until is not None
+            outcome: decide.AttemptOutcome = "none"
+            detail = ""
+            while True:
+                situation = decide.Situation(
+                    self._replica.step, until.steps, outcome, self._runtime.superseded(), self._boundary_due,
+                    detail, cursor=self._replica.cursor, cursor_goal=until.samples,
+                )  # fmt: skip
+                outcome, detail = "none", ""
+                match decide.next_move(situation):
+                    case decide.RunStep():
+                        attempt = self._live = self._new_attempt()
+                        yield attempt
+                        outcome, detail = self._conclude(attempt)
+                    case decide.Recover(patient=patient):
+                        self._recover(patient=patient)
+                    case decide.CrossBoundary():
+                        self._cross_boundary()
+                    case decide.Finish():
+                        if final:
+                            self._finish()
+                            self._usage.finish(self._replica.step)
+                        return
+        except WorkerEnded as ended:
+            self._end(ended.ending)
 
     # --- generations ----------------------------------------------------------------------------------
 
@@ -381,19 +404,37 @@ class ElasticJob:
         env = self.env
         if env.standalone:
             self._open_ledger(env.run)
-            if self._checkpoints:
-                self._checkpoints.load_into(self._replica)
+            self._load_initial_state()
             self._replica.fresh = False
             self._runtime.solo()
             self._entered()
+            self._hooks.settled(self._replica.cursor)
             return
         settings = self._runtime.register(-1)
         self._open_ledger(settings.run)
-        if settings.load_checkpoint and self._checkpoints:  # the job (re)starts; a joiner's state is never on disk
-            self._checkpoints.load_into(self._replica)
+        if settings.load_checkpoint:  # the job (re)starts; a joiner's state is never on disk
+            self._load_initial_state()
         if self._ports.process_hooks:
             self._process.install()
         self._recover(patient=True)
+
+    def _load_initial_state(self) -> None:
+        """The job's own latest disaster-recovery checkpoint, else the user's `resume_from` file if it exists."""
+        if self._checkpoints and self._checkpoints.load_into(self._replica):
+            return
+        path = self._resume_from
+        if path is None:
+            return
+        if not path.exists():
+            log.info("no_snapshot_to_resume", path=str(path))
+            return
+        step, snap = read_checkpoint(path)
+        assert isinstance(self._replica, Replica)  # a sharded job refuses resume_from (sharded_step)
+        try:
+            self._replica.restore(snap)
+        except (RuntimeError, KeyError, ValueError, TypeError) as exc:
+            raise CheckpointError(f"{path} does not fit this job's model or optimizer: {str(exc)[:300]}") from None
+        log.info("resumed_from_snapshot", path=str(path), step=step)
 
     def _open_ledger(self, run: int) -> None:
         # The run is the whole job's (requeues of the core job), never a satellite's own restart count.
@@ -405,32 +446,32 @@ class ElasticJob:
             self._reducer.abandon()  # an abandoned sum may still write into the old buffers
         entered = self._runtime.recover(self._replica, patient=patient)
         self._entered()
-        extra: dict[str, Any] = {"batch_policy": self._plan.reason, "lr_factor": self._plan.lr_factor}
-        if self._reducer:
-            extra |= {"reduce_dtype": self._reducer.reduce_dtype, "buckets": self._reducer.bucket_count}
-        if isinstance(self._replica, ShardedReplica):
-            extra |= {"strategy": "fsdp2", "mirrors": self._replica.wards is not None}
-        self._runtime.report_generation(entered, extra)
+        self._hooks.settled(self._replica.cursor)  # a rank healed past an epoch's end runs its hooks
+        self._runtime.report_generation(entered, self._generation_fields())
 
     def _entered(self) -> None:
         """A generation is formed: plan its steps and the batches this rank will read."""
         if self._replica.reference_world is None:
-            self._replica.reference_world = self.world_size
-        self._plan = plan_step(self._policy(), self.world_size)
+            self._replica.reference_world = self._runtime.world
+        if self._global_batch is None and self._per_replica is None and self._replica.global_batch is None:
+            self._replica.global_batch = self._micro * self._runtime.world  # DDP's per-rank batch x world, kept
+        self._plan = plan_step(self._policy(), self._runtime.world)
         self._boundary_due = False
         self._prefetch.plan(self._schedule())
 
     def _schedule(self) -> Iterator[tuple[int, int]]:
-        plan, cursor = self._plan, self.cursor
-        mine = plan.lockstep(self.rank) if self._sharded else plan.for_rank(self.rank)
-        for k in range(max(0, self._total_steps - self.step)):
+        plan, cursor, goal = self._plan, self._replica.cursor, self._goal
+        if goal is None:  # joined before the loop started: planned again when it does
+            return
+        mine = self._mine()
+        for k in range(goal.steps_left(self._replica.step, cursor, plan.step_samples)):
             base = cursor + k * plan.step_samples
             for mb in mine:
                 yield base + mb.offset, mb.size
 
     def _cross_boundary(self) -> None:
         self.set_phase("boundary")
-        self._runtime.send(AtBoundary(generation=self.generation, step=self.step))
+        self._runtime.send(AtBoundary(generation=self._runtime.generation, step=self._replica.step))
         self._recover(patient=True)
 
     def _finish(self) -> None:
@@ -439,12 +480,13 @@ class ElasticJob:
             try:
                 group = self._runtime.group
                 if group:
-                    group.allreduce_(torch.tensor([float(self.step)], dtype=torch.float64, device=group.device))
+                    step = torch.tensor([float(self._replica.step)], dtype=torch.float64, device=group.device)
+                    group.allreduce_(step)
                 break
             except (Interrupted, CollectiveFailed):
                 self._recover(patient=False)
         self.set_phase("done")
-        self._runtime.send(Finished(generation=self.generation, step=self.step))
+        self._runtime.send(Finished(generation=self._runtime.generation, step=self._replica.step))
         if self._checkpoints:
             self._checkpoints.save_now(self._replica)
         self.close()
@@ -454,27 +496,21 @@ class ElasticJob:
         if ending.save_checkpoint and self._checkpoints:
             self._checkpoints.save_now(self._replica)  # a suspended job resumes from here
         log_at = log.error if ending.code else log.info
-        log_at("worker_ending", worker=self.env.worker_id, kind=ending.kind, reason=ending.reason, step=self.step)
+        step = self._replica.step
+        log_at("worker_ending", worker=self.env.worker_id, kind=ending.kind, reason=ending.reason, step=step)
+        self._usage.end(ending.kind)
         self.close()
         self._process.exit_code = ending.code
         raise JobEnded(ending)
 
     # --- faults ---------------------------------------------------------------------------------------
 
-    def _faults_corrupt(self) -> None:
-        """A "corrupt" fault flips bits in this rank's own copy of its shard; the sharded job reports events."""
-        replica = self._replica
-        assert isinstance(replica, ShardedReplica)
-        replica.on_refused = lambda line: self._report("shard_refused", {"detail": line, "step": self.step})
-        if isinstance(self._faults, FaultInjector):
-            self._faults.corrupt = replica.corrupt_own
-
     def _install_fault_hooks(self) -> None:
-        faults = self._faults
-        self.model.register_forward_pre_hook(lambda *_: faults.hit("forward", self.step + 1))
+        faults, replica = self._faults, self._replica
+        self.model.register_forward_pre_hook(lambda *_: faults.hit("forward", replica.step + 1))
         if self._params and not self._sharded:  # a sharded job's parameters are replaced on re-shard
-            self._params[0].register_hook(lambda grad: faults.hit("backward", self.step + 1))
-        self.optimizer.register_step_pre_hook(lambda *_: faults.hit("optimizer", self.step + 1))
+            self._params[0].register_hook(lambda grad: faults.hit("backward", replica.step + 1))
+        self.optimizer.register_step_pre_hook(lambda *_: faults.hit("optimizer", replica.step + 1))
 
 
-__all__ = ["ElasticJob", "JobEnded", "JobFailed"]
+__all__ = ["ElasticJob", "JobEnded", "JobFailed", "Samples", "UsageError"]

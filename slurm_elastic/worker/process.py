@@ -1,10 +1,12 @@
 """What the library does to the training process itself: SIGTERM becomes a drain request, an uncaught
-exception in the user's code is reported (with its traceback) before the process dies, and a process that
-went through recoveries ends without tripping over the process groups it abandoned."""
+exception in the user's code is reported (with its traceback) before the process dies, a misuse of the
+job that cannot be raised where it happens (a loop left early) is reported and makes the process exit 1,
+and a process that went through recoveries ends without tripping over the process groups it abandoned."""
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
 import signal
@@ -17,7 +19,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from slurm_elastic.errors import ElasticError
+from slurm_elastic.errors import ElasticError, UsageError
 from slurm_elastic.wire.messages import DrainRequest, Failure
 from slurm_elastic.worker.comm import leftovers
 
@@ -30,12 +32,74 @@ def failure_signature(kind: type[BaseException], exc: BaseException, tb: Traceba
     return f"{kind.__name__}: {first_line} at {where}"
 
 
+def _reportable(exc: BaseException) -> bool:
+    """The user's own exceptions and misuses of the job; not the library's own endings."""
+    if isinstance(exc, KeyboardInterrupt):
+        return False
+    return isinstance(exc, UsageError) or not isinstance(exc, ElasticError)
+
+
 class ProcessHooks:
-    def __init__(self, node: str, worker_id: str, send: Callable[[BaseModel], None]) -> None:
+    def __init__(self, node: str, worker_id: str, send: Callable[[BaseModel], None], *, enabled: bool = True) -> None:
         self.node = node
         self.worker_id = worker_id
         self.send = send
+        self.enabled = enabled  # off for ranks that are threads of one process: never touch the process
         self.exit_code = 0  # what the process reports if the library has to end it (see atexit)
+        self.crashed = False  # an exception escaped the script and the excepthook reported it
+        self._reported: list[BaseException] = []  # sent already: the excepthook does not send them again
+        self._fail_at_exit = False
+        self._lock = threading.Lock()
+        self._crash_seen = threading.Event()
+        self._pending: tuple[BaseException, str, Callable[[], None]] | None = None
+
+    def report(self, exc: BaseException, signature: str) -> None:
+        """Report a failure that is not raised, and make the process exit 1 whatever the script does."""
+        text = f"{signature}\n{exc}\n"
+        self._reported.append(exc)
+        with contextlib.suppress(Exception):  # the connection may be gone already; the exit code still says it
+            self.send(Failure(worker_id=self.worker_id, signature=signature[:2000], traceback=text[-60_000:]))
+        self.exit_code = 1
+        self._exit_1_at_exit()
+
+    def report_later(self, exc: BaseException, signature: str, then: Callable[[], None], delay: float = 0.3) -> None:
+        """A failure found where it cannot be raised (a loop dropped before its end). An exception on its way
+        out of the script drops its loops too, just before the excepthook reports it: so wait `delay` seconds
+        for that; without one, report this failure. Then run `then` (leave the job). The process exits 1."""
+        with self._lock:
+            self._pending = (exc, signature, then)
+        self.exit_code = 1
+        self._reported.append(exc)  # raised again on a later use of the job: never a second report
+        self._exit_1_at_exit()
+        threading.Thread(target=self._flush_after, args=(delay,), name="se-report", daemon=True).start()
+
+    def _flush_after(self, delay: float) -> None:
+        self._crash_seen.wait(delay)
+        self.flush()
+
+    def flush(self) -> None:
+        """Carry out a failure left to report (`report_later`), once."""
+        with self._lock:
+            pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        exc, signature, then = pending
+        if not self.crashed:  # else the excepthook reported the exception that dropped the loop
+            self.report(exc, signature)
+        with contextlib.suppress(Exception):
+            then()
+
+    def _exit_1_at_exit(self) -> None:
+        if self.enabled and not self._fail_at_exit:
+            self._fail_at_exit = True
+            atexit.register(self._exit_failed)
+
+    def _exit_failed(self) -> None:
+        self.flush()  # the script ended before the delay did
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(self.exit_code or 1)
 
     def install(self) -> None:
         sys.excepthook = self._report_failure(sys.excepthook)
@@ -69,10 +133,13 @@ class ProcessHooks:
     def _report_failure(self, previous: Callable[..., Any]) -> Callable[..., Any]:
         def hook(kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
             self.exit_code = 1
-            if not isinstance(exc, ElasticError | KeyboardInterrupt):
+            if _reportable(exc) and not any(exc is sent for sent in self._reported):
                 text = "".join(traceback.format_exception(kind, exc, tb))
                 signature = failure_signature(kind, exc, tb)
                 self.send(Failure(worker_id=self.worker_id, signature=signature, traceback=text[-60_000:]))
+                self.crashed = True
+            self._crash_seen.set()
+            self.flush()  # leave the job now (a dropped loop's own report is not sent)
             previous(kind, exc, tb)
 
         return hook

@@ -1,4 +1,5 @@
-"""What one data-parallel replica holds: model, optimizer, scheduler, RNG, and its place in the sample stream.
+"""What one data-parallel replica holds: model, optimizer, scheduler, RNG, its place in the sample stream,
+and the user's own registered state (`userstate.py`).
 
 Peers transfer it (in-process recovery, joins) and disaster-recovery checkpoints store it, always as the
 same Snapshot, so a replica restored either way is the same replica.
@@ -6,24 +7,35 @@ same Snapshot, so a replica restored either way is the same replica.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from slurm_elastic.worker import userstate
 from slurm_elastic.worker.comm import Group
-from slurm_elastic.worker.state import Snapshot, capture, fingerprint, restore
+from slurm_elastic.worker.state import Snapshot, capture, fingerprint, restore_all
 from slurm_elastic.worker.sync import SyncResult, synchronize
 
 
 class Replica:
-    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any | None) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        scheduler: Any | None,
+        extra: dict[str, Any] | None = None,
+    ) -> None:
         self.model = model
         self.optimizer = optimizer
         self.scheduler = scheduler
+        self.extra: dict[str, Any] = extra if extra is not None else {}  # the user's dict, restored in place
         self.step = 0  # committed optimizer steps
         self.cursor = 0  # committed position in the global sample stream
         self.reference_world: int | None = None  # the world the learning rate was set for (scale-LR policy)
+        self.global_batch: int | None = None  # set by the first generation when the script gave no batch policy
         self.fresh = True  # holds no committed state yet (a joiner before its first transfer)
+        self.step_fn: Callable[[], Any] = optimizer.step  # the real step (the script's own may be a no-op)
 
     @property
     def committed_step(self) -> int:
@@ -31,21 +43,37 @@ class Replica:
         return -1 if self.fresh else self.step
 
     def progress(self) -> dict[str, Any]:
-        return {"step": self.step, "cursor": self.cursor, "reference_world": self.reference_world}
+        return {
+            "step": self.step,
+            "cursor": self.cursor,
+            "reference_world": self.reference_world,
+            "global_batch": self.global_batch,
+        }
 
     def capture(self) -> Snapshot:
-        return capture(self.model, self.optimizer, self.scheduler, self.progress())
+        return capture(self.model, self.optimizer, self.scheduler, self.progress(), userstate.capture(self.extra))
 
     def restore(self, snap: Snapshot) -> None:
-        progress = restore(self.model, self.optimizer, self.scheduler, snap)
+        progress, extra = restore_all(self.model, self.optimizer, self.scheduler, snap)
+        userstate.restore(self.extra, extra)
         self.step, self.cursor = int(progress["step"]), int(progress["cursor"])
         if progress.get("reference_world") is not None:
             self.reference_world = int(progress["reference_world"])
+        if progress.get("global_batch") is not None:
+            self.global_batch = int(progress["global_batch"])
         self.fresh = False
 
-    def synchronize(self, group: Group, store: Any, key_prefix: str, members: list[str]) -> SyncResult:
+    def synchronize(
+        self,
+        group: Group,
+        store: Any,
+        key_prefix: str,
+        members: list[str],
+        before_transfer: Callable[[], None] = lambda: None,
+    ) -> SyncResult:
         """Every member of the generation ends holding the same committed state (full replicas)."""
-        result = synchronize(group, store, key_prefix, self.committed_step, self.fingerprint(), self.capture)
+        fp = self.fingerprint()
+        result = synchronize(group, store, key_prefix, self.committed_step, fp, self.capture, before_transfer)
         if result.received is not None:
             self.restore(result.received)
         self.fresh = False
@@ -57,13 +85,13 @@ class Replica:
     def optimizer_step(self, lr_factor: float) -> None:
         """One optimizer and scheduler step, with the learning rate scaled by `lr_factor` for this step only."""
         if lr_factor == 1.0:
-            self.optimizer.step()
+            self.step_fn()
         else:
             saved = [group["lr"] for group in self.optimizer.param_groups]
             for group in self.optimizer.param_groups:
                 group["lr"] = group["lr"] * lr_factor
             try:
-                self.optimizer.step()
+                self.step_fn()
             finally:
                 for group, lr in zip(self.optimizer.param_groups, saved, strict=True):
                     group["lr"] = lr

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -42,7 +43,9 @@ class Held(Protocol):
     @property
     def committed_step(self) -> int: ...
 
-    def synchronize(self, group: Group, store: Any, key_prefix: str, members: list[str]) -> SyncResult: ...
+    def synchronize(
+        self, group: Group, store: Any, key_prefix: str, members: list[str], before_transfer: Callable[[], None]
+    ) -> SyncResult: ...
 
 
 class WorkerEnded(Exception):
@@ -158,7 +161,8 @@ class Runtime:
 
     def _next_announcement(self, patient: bool, replica: Held) -> Assign:
         control = self.control
-        assert control is not None
+        if control is None:  # closed: the loop finished or the worker left; nothing may join a generation now
+            raise ElasticError("the worker's control connection is closed: it finished its loop or left the job")
         try:
             ann = control.next_announcement(self.generation, None if patient else FAULT_GRACE_S)
             if ann is None:
@@ -209,7 +213,13 @@ class Runtime:
         )
         formed = time.monotonic()
         self.faults.hit("recovery", replica.step + 1)
-        result = replica.synchronize(self.group, self.store, settings.store_prefix, list(ann.ranks))
+        result = replica.synchronize(
+            self.group,
+            self.store,
+            settings.store_prefix,
+            list(ann.ranks),
+            before_transfer=lambda: self.faults.hit("transfer", replica.step + 1),
+        )
         return Entered(ann, result, formed - started, time.monotonic() - started)
 
     def report_generation(self, entered: Entered, extra: dict[str, Any]) -> None:

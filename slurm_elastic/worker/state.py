@@ -1,12 +1,14 @@
 """The training state a replica holds, as one flat byte buffer plus JSON metadata.
 
-Model, optimizer and scheduler state dicts, RNG states and the data cursor are encoded as JSON with
+Model, optimizer and scheduler state dicts, RNG states, the data cursor and the user's own registered
+state (`ElasticJob(extra_state=...)`, see `userstate.py`) are encoded as JSON with
 tensor placeholders; the tensors are packed back to back into one uint8 buffer, so a peer can send the
 state in byte-range chunks and a receiver can rebuild it without unpickling anything.
 """
 
 from __future__ import annotations
 
+import base64
 import math
 import random
 from dataclasses import dataclass
@@ -85,6 +87,7 @@ def capture(
     optimizer: torch.optim.Optimizer,
     scheduler: Any | None,
     progress: dict[str, Any],
+    extra: dict[str, Any] | None = None,
 ) -> Snapshot:
     tensors: list[torch.Tensor] = []
     whole = {
@@ -93,22 +96,42 @@ def capture(
         "scheduler": scheduler.state_dict() if scheduler is not None else None,
         "rng": _rng_state(),
         "progress": progress,
+        "extra": extra or {},
     }
     return Snapshot(_encode(whole, tensors, "state"), tensors)
 
 
-def restore(
+def decode(snap: Snapshot) -> dict[str, Any]:
+    """The snapshot as plain objects: model, optimizer, scheduler, rng, progress, extra."""
+    whole: dict[str, Any] = _decode(snap.meta, snap.tensors)
+    return whole
+
+
+def restore_all(
     model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any | None, snap: Snapshot
-) -> dict[str, Any]:
-    """Load a snapshot into the live objects; returns its progress record."""
-    whole = _decode(snap.meta, snap.tensors)
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Load a snapshot into the live objects; returns its progress record and the user's extra state."""
+    whole = decode(snap)
     model.load_state_dict(whole["model"])
     optimizer.load_state_dict(whole["optimizer"])
     if scheduler is not None and whole["scheduler"] is not None:
         scheduler.load_state_dict(whole["scheduler"])
     _set_rng_state(whole["rng"])
     progress: dict[str, Any] = whole["progress"]
-    return progress
+    extra: dict[str, Any] = whole.get("extra") or {}  # snapshots written before extra state have none
+    return progress, extra
+
+
+def restore(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any | None, snap: Snapshot
+) -> dict[str, Any]:
+    """Load a snapshot into the live objects; returns its progress record."""
+    return restore_all(model, optimizer, scheduler, snap)[0]
+
+
+def check_encodable(value: Any, path: str) -> None:
+    """Raise StateError (naming `path`) unless `value` can travel in a snapshot."""
+    _encode(value, [], path)
 
 
 @dataclass(frozen=True)
@@ -183,3 +206,29 @@ def fingerprint(model: torch.nn.Module) -> tuple[float, float]:
             squares += (d * d).sum().cpu()
     s, q = float(total), float(squares)
     return (s if math.isfinite(s) else math.nan, q if math.isfinite(q) else math.nan)
+
+
+def to_json(value: Any, path: str) -> dict[str, Any]:
+    """`value` (plain values and tensors, as in a snapshot) as JSON alone, tensors as base64 bytes: for small
+    state that travels in the store (a sharded job's replicated part)."""
+    tensors: list[torch.Tensor] = []
+    meta = _encode(value, tensors, path)
+    raw = [t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes() for t in tensors]
+    listed = [
+        [str(t.dtype).removeprefix("torch."), list(t.shape), base64.b64encode(r).decode()]
+        for t, r in zip(tensors, raw, strict=True)
+    ]
+    return {"meta": meta, "tensors": listed}
+
+
+def from_json(data: dict[str, Any]) -> Any:
+    """The value `to_json` encoded."""
+    tensors = []
+    for dtype_name, shape, b64 in data["tensors"]:
+        dtype = getattr(torch, str(dtype_name), None)
+        if not isinstance(dtype, torch.dtype):
+            raise StateError(f"invalid dtype {dtype_name!r} in encoded state")
+        raw = base64.b64decode(b64)
+        flat = torch.frombuffer(bytearray(raw), dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
+        tensors.append(flat.view(dtype).reshape(shape))
+    return _decode(data["meta"], tensors)

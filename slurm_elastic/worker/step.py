@@ -8,7 +8,7 @@ from typing import Any, Protocol
 import torch
 
 from slurm_elastic.decide.batching import MicroBatch, micro_batch_seed
-from slurm_elastic.errors import ElasticError
+from slurm_elastic.errors import UsageError
 from slurm_elastic.wire.messages import Phase
 
 
@@ -65,14 +65,16 @@ class Step:
             host.set_phase("compute")
             yield batch
             if self._current is not None:
-                raise ElasticError(f"step {self.number}: call step.backward(loss) once for every micro-batch")
+                raise UsageError(
+                    f"step {self.number}: call job.backward(loss) (not loss.backward()) once for every micro-batch"
+                )
         self.complete = not self.aborted
 
     def backward(self, loss: torch.Tensor) -> None:
         """Back-propagate the micro-batch's mean loss; the library weights it by the micro-batch's share."""
         mb = self._current
         if mb is None:
-            raise ElasticError("step.backward() must be called once, inside `for batch in step.micro_batches()`")
+            raise UsageError("step.backward() must be called once, inside `for batch in step.micro_batches()`")
         self._current = None
         if self.aborted:
             return

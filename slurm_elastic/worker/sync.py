@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,14 +53,17 @@ def synchronize(
     committed_step: int,
     fp: tuple[float, float],
     capture: Any,
+    before_transfer: Callable[[], None] = lambda: None,
 ) -> SyncResult:
-    """`capture()` returns this replica's Snapshot; called only when this rank is a source."""
+    """`capture()` returns this replica's Snapshot; called only when this rank is a source.
+    `before_transfer()` runs on every member once a transfer is planned (fault injection's "transfer")."""
     started = time.monotonic()
     plan = plan_recovery(exchange_views(group, committed_step, fp))
     if plan.target_step < 0:
         raise JobFailed(f"cannot recover generation {group.generation}: {plan.reason}")
     if not plan.receivers:
         return _result(plan, None, 0, started)
+    before_transfer()
     meta_key = f"{key_prefix}/g{group.generation}/state-meta"
     rank = group.rank
     if rank in plan.sources:

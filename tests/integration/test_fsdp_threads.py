@@ -62,9 +62,17 @@ def trainer(
     def train(env: WorkerEnv, ports: Ports) -> dict[str, Any]:
         net = model()
         opt = torch.optim.AdamW(net.parameters(), lr=0.01, weight_decay=0.1)
+        extra = {"count": 0, "last": torch.zeros(2)}  # the user's own state: in every transfer, like the shards
         job = ElasticJob(
-            net, opt, dataset=DATA, global_batch=GLOBAL_BATCH, micro_batch=MICRO_BATCH, env=env, ports=ports
-        )
+            net, opt, dataset=DATA, global_batch=GLOBAL_BATCH, micro_batch=MICRO_BATCH, env=env, ports=ports,
+            extra_state=extra,
+        )  # fmt: skip
+
+        @job.on_step
+        def count(step: int, loss: float) -> None:
+            extra["count"] += 1
+            extra["last"] += torch.tensor([1.0, loss])
+
         if poke is not None:
             poke(job)
         for step in job.steps(steps):
@@ -73,7 +81,7 @@ def trainer(
             for x, y in step.micro_batches():
                 step.backward(nn.functional.mse_loss(net(x), y))
         full = [p.full_tensor().detach().clone() for p in net.parameters()]  # type: ignore[attr-defined]
-        return {"params": full, "world": job.world_size, "step": job.step}
+        return {"params": full, "world": job.world_size, "step": job.step, "extra": (extra["count"], extra["last"])}
 
     return train
 
@@ -104,6 +112,9 @@ def assert_reference(results: dict[str, RankResult], world: int) -> None:
     first = done[0].value["params"]
     for r in done:  # every rank gathers the same full model from the shards
         assert all(torch.equal(a, b) for a, b in zip(r.value["params"], first, strict=True))
+        # a joiner or a healed rank holds the user's state of the others (a tensor restored in place, a count)
+        assert r.value["extra"][0] == STEPS and torch.equal(r.value["extra"][1], done[0].value["extra"][1])
+        assert r.value["extra"][1][0] == STEPS
     got = {str(i): t for i, t in enumerate(first)}
     diff = max_param_rel_diff(got, {str(i): t for i, t in enumerate(REFERENCE)})
     assert diff <= tolerance("float32", STEPS), diff

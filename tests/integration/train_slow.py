@@ -1,6 +1,9 @@
 """The elastic example's training, with a pause after each step (`--pause S`), so that a node that takes
-seconds to start (importing torch) arrives while the job still runs. The pause does not touch the math."""
+seconds to start (importing torch) arrives while the job still runs, and a hold (`--hold-file PATH`: no
+step starts while PATH exists) that `slurm-elastic chaos` uses to let a joiner arrive before the job goes
+on. Neither touches the math."""
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -25,6 +28,7 @@ def option(name: str, default: str | None) -> str | None:
 
 def main() -> None:
     pause = float(option("--pause", "0") or 0)
+    hold = option("--hold-file", None)
     per_replica = option("--per-replica-batch", None)
     lr_rule = option("--lr-rule", "linear")
     args = parse_args()
@@ -40,6 +44,8 @@ def main() -> None:
         **batch,  # type: ignore[arg-type]
     )
     for step in job.steps(args.steps):
+        while hold and os.path.exists(hold):
+            time.sleep(0.05)
         for x, y in step.micro_batches():
             step.backward(F.cross_entropy(model(x).flatten(0, 1), y.flatten()))
         time.sleep(pause)

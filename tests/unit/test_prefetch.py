@@ -115,3 +115,30 @@ def test_a_closed_prefetcher_refuses_to_wait_forever() -> None:
     src.gate.set()
     with pytest.raises(RuntimeError, match="stopped"):
         pf.get(0, 4)
+
+
+def _load_pid_and_draw(start: int, size: int) -> tuple[int, int, float]:
+    import os
+
+    import torch
+
+    return start, os.getpid(), float(torch.rand(()))
+
+
+def test_loader_processes_load_ahead_and_seed_each_batch_from_its_position() -> None:
+    import os
+
+    from slurm_elastic.lineage import children
+    from slurm_elastic.worker.loadpool import LoadPool
+
+    pf = Prefetcher(_load_pid_and_draw, depth=4, pool=LoadPool(_load_pid_and_draw, 2, seed=5))
+    try:
+        pf.plan(schedule(0))
+        got = [pf.get(start, 4) for start in (0, 4, 8, 12)]
+        assert [g[0] for g in got] == [0, 4, 8, 12]
+        assert all(g[1] != os.getpid() for g in got), "loaded in the loader processes"
+        pf.plan(schedule(4))  # re-planned (a recovery): the same batch again, with the same random draw
+        assert pf.get(4, 4)[2] == got[1][2]
+    finally:
+        pf.close()
+    assert not children(), "close() ends the loader processes"

@@ -25,11 +25,13 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from slurm_elastic.errors import ConfigError
+from slurm_elastic.worker import userstate
 from slurm_elastic.worker.comm import Group
 from slurm_elastic.worker.sharded.collectives import StepCollectives, install
 from slurm_elastic.worker.sharded.mesh import GenerationMesh
 from slurm_elastic.worker.sharded.remesh import Entry, entries, fsdp_params, local, sharded_state_keys
 from slurm_elastic.worker.sharded.transfer import Tamper
+from slurm_elastic.worker.state import from_json, to_json
 from slurm_elastic.worker.sync import SyncResult
 
 
@@ -78,12 +80,21 @@ def _unplain(value: Any) -> Any:
 
 
 class ShardedReplica:
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any | None) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        scheduler: Any | None,
+        extra: dict[str, Any] | None = None,
+    ) -> None:
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
+        self.extra: dict[str, Any] = extra if extra is not None else {}  # the user's dict, restored in place
         self.params = fsdp_params(model)  # fqn -> FSDPParam: stable objects, re-meshed in place
         self.step = 0
         self.cursor = 0
         self.reference_world: int | None = None
+        self.global_batch: int | None = None  # set by the first generation when the script gave no batch policy
+        self.step_fn: Callable[[], Any] = optimizer.step  # the real step (the script's own may be a no-op)
         self.fresh = True
         self.world, self.index, self.ward = 1, 0, -1  # the layout held: its own shard, the one it mirrors
         self.wards: tuple[int, ...] | None = None
@@ -110,11 +121,18 @@ class ShardedReplica:
     def committed_step(self) -> int:
         return -1 if self.fresh else self.step
 
-    def synchronize(self, group: Group, store: Any, key_prefix: str, members: list[str]) -> SyncResult:
+    def synchronize(
+        self,
+        group: Group,
+        store: Any,
+        key_prefix: str,
+        members: list[str],
+        before_transfer: Callable[[], None] = lambda: None,
+    ) -> SyncResult:
         """Hold this rank's shards of the generation's layout at the generation's step (`sharded.sync`)."""
         from slurm_elastic.worker.sharded.sync import synchronize_sharded
 
-        return synchronize_sharded(self, group, store, key_prefix, members)
+        return synchronize_sharded(self, group, store, key_prefix, members, before_transfer)
 
     # --- the tensors held -----------------------------------------------------------------------------
 
@@ -170,7 +188,13 @@ class ShardedReplica:
             per = self.optimizer.state.get(fp.sharded_param, {})
             state[fqn] = {k: _plain(v, f"{fqn}.{k}") for k, v in per.items() if not isinstance(v, DTensor)}
         return {
-            "progress": {"step": self.step, "cursor": self.cursor, "reference_world": self.reference_world},
+            "progress": {
+                "step": self.step,
+                "cursor": self.cursor,
+                "reference_world": self.reference_world,
+                "global_batch": self.global_batch,
+            },
+            "extra": to_json(userstate.capture(self.extra), "extra_state"),
             "groups": [
                 _plain({k: v for k, v in g.items() if k != "params"}, "param_groups")
                 for g in self.optimizer.param_groups
@@ -187,6 +211,10 @@ class ShardedReplica:
         self.step, self.cursor = int(progress["step"]), int(progress["cursor"])
         if progress.get("reference_world") is not None:
             self.reference_world = int(progress["reference_world"])
+        if progress.get("global_batch") is not None:
+            self.global_batch = int(progress["global_batch"])
+        if small.get("extra"):
+            userstate.restore(self.extra, from_json(small["extra"]))
         for group, saved in zip(self.optimizer.param_groups, small["groups"], strict=True):
             group.update(_unplain(saved))
         for fqn, fp in self.params.items():
@@ -232,7 +260,7 @@ class ShardedReplica:
             if coef != 1.0:
                 grad.mul_(coef)
             fp.sharded_param.grad = fp.to_sharded_dtensor(grad) if not isinstance(grad, DTensor) else grad
-        _optimizer_step(self.optimizer, lr_factor)
+        _optimizer_step(self.optimizer, lr_factor, self.step_fn)
         if self.scheduler is not None:
             self.scheduler.step()
         if self.mirror_opt is not None and pending.mirror is not None:
@@ -240,7 +268,7 @@ class ShardedReplica:
                 group.update(saved)
             for param, grad in zip(self.mirror_params.values(), pending.mirror, strict=True):
                 param.grad = grad.mul_(coef) if coef != 1.0 else grad
-            _optimizer_step(self.mirror_opt, lr_factor)
+            _optimizer_step(self.mirror_opt, lr_factor, self.mirror_opt.step)
             for param in self.mirror_params.values():
                 param.grad = None
         for fp in self.params.values():
@@ -282,15 +310,15 @@ class ShardedReplica:
         self.mirror_opt = opt
 
 
-def _optimizer_step(optimizer: torch.optim.Optimizer, lr_factor: float) -> None:
+def _optimizer_step(optimizer: torch.optim.Optimizer, lr_factor: float, step: Callable[[], Any]) -> None:
     if lr_factor == 1.0:
-        optimizer.step()
+        step()
         return
     saved = [group["lr"] for group in optimizer.param_groups]
     for group in optimizer.param_groups:
         group["lr"] = group["lr"] * lr_factor
     try:
-        optimizer.step()
+        step()
     finally:
         for group, lr in zip(optimizer.param_groups, saved, strict=True):
             group["lr"] = lr
@@ -299,6 +327,8 @@ def _optimizer_step(optimizer: torch.optim.Optimizer, lr_factor: float) -> None:
 def _clone_optimizer(optimizer: torch.optim.Optimizer, groups: list[dict[str, Any]]) -> torch.optim.Optimizer:
     """An optimizer of the same class and settings over other parameters, without the original's hooks."""
     clone = copy.copy(optimizer)
+    for own in ("step", "zero_grad"):  # the job's guard (optguard) binds these to the original: drop them
+        clone.__dict__.pop(own, None)
     clone.state = defaultdict(dict)
     clone.param_groups = groups
     for name in ("_optimizer_step_pre_hooks", "_optimizer_step_post_hooks"):

@@ -16,13 +16,44 @@ step, and the new generation re-runs it.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
+from slurm_elastic.errors import ConfigError
+from slurm_elastic.faults import FaultInjector
 from slurm_elastic.worker.comm import CollectiveFailed, Group
 from slurm_elastic.worker.sharded.collectives import StepCollectives
 from slurm_elastic.worker.sharded.holder import ShardedReplica
+from slurm_elastic.worker.sharded.remesh import is_sharded
+
+Report = Callable[[str, dict[str, Any]], None]
+
+
+def sharded_step(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any | None,
+    extra: dict[str, Any],
+    reduce_dtype: str | None,
+    resume_from: str | os.PathLike[str] | None,
+    clip: float | None,
+) -> ShardedStep | None:
+    """The step of a `fully_shard`-ed model (None for any other model), its settings checked now."""
+    if not is_sharded(model):
+        return None
+    if reduce_dtype not in (None, "float32"):
+        raise ConfigError(f"invalid reduce_dtype {reduce_dtype!r} for a fully_shard model: FSDP2 sums in float32")
+    if resume_from is not None:
+        raise ConfigError(
+            "resume_from= loads a whole replica, and a fully_shard model's state is sharded: use the job's sharded "
+            "checkpoints (--checkpoint-dir), which load at any world size"
+        )
+    replica = ShardedReplica(model, optimizer, scheduler, extra)
+    replica.clip = clip
+    return ShardedStep(replica)
 
 
 class ShardedStep:
@@ -31,6 +62,12 @@ class ShardedStep:
         self._loss = torch.zeros((), dtype=torch.float64)
         self._group: Group | None = None
         self._number = 0
+
+    def attach(self, report: Report, faults: object) -> None:
+        """Refused copies become events; a "corrupt" fault flips bits in this rank's own shard."""
+        self.replica.on_refused = lambda line: report("shard_refused", {"detail": line, "step": self.replica.step})
+        if isinstance(faults, FaultInjector):
+            faults.corrupt = self.replica.corrupt_own
 
     def begin(self, group: Group, number: int, on_collective: Callable[[str], None]) -> None:
         self._group, self._number = group, number
@@ -90,4 +127,4 @@ def _unpack(flat: torch.Tensor, like: Sequence[torch.Tensor]) -> list[torch.Tens
     return out
 
 
-__all__ = ["ShardedStep"]
+__all__ = ["ShardedStep", "sharded_step"]

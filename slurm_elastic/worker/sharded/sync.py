@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 import structlog
@@ -98,6 +99,7 @@ def synchronize_sharded(
     store: Any,
     key_prefix: str,
     members: list[str],
+    before_transfer: Callable[[], None] = lambda: None,
 ) -> SyncResult:
     started = time.monotonic()
     me, world = group.rank, group.world
@@ -112,6 +114,7 @@ def synchronize_sharded(
         _refused(replica, group, heal.source, line)
     entries, small = _layout(replica, group, store, key_prefix, heal)
     mine = {"primary": (world, me)} | ({"mirror": (world, wards[me])} if wards is not None else {})
+    before_transfer()  # fault injection's "transfer" phase
     got, plan, moved = _move(replica, group, entries, list(heal.holdings), needs, mine, heal.target_step, heal.refused)
     _install(replica, group, entries, small, got, wards)
     senders = tuple(sorted({int(p.src) for p in plan.pieces if not p.local}))

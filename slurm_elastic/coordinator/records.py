@@ -1,0 +1,54 @@
+"""What the coordinator keeps about its peers and its progress, and what other threads may read of it."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Peer:
+    """A connected worker or agent."""
+
+    writer: asyncio.StreamWriter
+    node: str
+    last_seen: float
+    step: int = -1
+    phase: str = "init"
+    phase_since: float = 0.0
+    pid: int = 0
+    slurm_job: str | None = None
+
+
+@dataclass(frozen=True)
+class Commit:
+    step: int
+    generation: int
+    world: int
+    loss: float
+    samples: int
+    worker_time: float
+    received: float
+
+
+@dataclass
+class PublicView:
+    """What other threads may read: copied under a lock."""
+
+    phase: str = "rendezvous"
+    generation: int = 0
+    world: int = 0
+    last_step: int = 0
+    reason: str = ""
+    failure_traceback: str | None = None
+    commits: list[Commit] = field(default_factory=list)
+    failed_after_training: list[str] = field(default_factory=list)  # finished training, then exited non-zero
+
+
+def throughput(commits: Sequence[Commit]) -> float | None:
+    """Samples per second over recent commits, by the workers' own clocks."""
+    if len(commits) < 2 or commits[-1].worker_time <= commits[0].worker_time:
+        return None
+    samples = sum(c.samples for c in commits[1:])
+    return round(samples / (commits[-1].worker_time - commits[0].worker_time), 1)
