@@ -16,6 +16,7 @@ import torch
 from torch import nn
 from torch.distributed.fsdp import fully_shard
 
+from slurm_elastic.errors import ConfigError, UsageError
 from slurm_elastic.faults import FaultPlan
 from slurm_elastic.ledger import analyze
 from slurm_elastic.metrics import max_param_rel_diff, tolerance
@@ -282,3 +283,22 @@ def _wait(predicate: Callable[[], bool], timeout: float = 30.0) -> None:
     while not predicate():
         assert time.monotonic() < deadline, "condition not reached"
         time.sleep(0.01)
+
+
+def test_what_a_sharded_model_cannot_take_is_refused_by_name(tmp_path: Path) -> None:
+    def job(**kw: Any) -> ElasticJob:
+        net = model()
+        opt = torch.optim.AdamW(net.parameters(), lr=0.01)
+        return ElasticJob(
+            net, opt, dataset=DATA, global_batch=GLOBAL_BATCH, micro_batch=MICRO_BATCH, env=worker_env({}),
+            ports=Ports(process_hooks=False), **kw,
+        )  # fmt: skip
+
+    with pytest.raises(ConfigError, match="invalid reduce_dtype 'float64' for a fully_shard model"):
+        job(reduce_dtype="float64")
+    with pytest.raises(ConfigError, match="resume_from= loads a whole replica"):
+        job(resume_from=tmp_path / "snapshot.pt")
+    alone = job()  # no coordinator: this process is the whole job
+    with pytest.raises(UsageError, match=r"job.save\(\) writes a whole replica.*--checkpoint-dir"):
+        alone.save(tmp_path / "snapshot.pt")
+    assert not (tmp_path / "snapshot.pt").exists()
