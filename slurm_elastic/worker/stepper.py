@@ -196,6 +196,7 @@ class StepRunner:
         if self._sharded:
             loss, change_wanted, norm2 = self._sharded.finish(rt.change_requested())
             self.set_phase("optimizer")
+            self._faults.hit("optimizer", attempt.number)  # the job steps the shards, not the script's optimizer
             self._faults.hit("commit", attempt.number)
             self._sharded.commit(self._plan.step_samples, norm2, self._plan.lr_factor)
         else:

@@ -256,11 +256,16 @@ class ShardedReplica:
         if clip is not None:
             coef = min(1.0, clip / (norm2**0.5 + 1e-6))
         hyper = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
-        for fp, grad in zip(self.params.values(), pending.own, strict=True):
+        for grad in pending.own:
             if coef != 1.0:
                 grad.mul_(coef)
-            fp.sharded_param.grad = fp.to_sharded_dtensor(grad) if not isinstance(grad, DTensor) else grad
-        _optimizer_step(self.optimizer, lr_factor, self.step_fn)
+        if all(self.optimizer.state.get(fp.sharded_param) for fp in self.params.values()):
+            shards = self._local_optimizer(pending.own)
+            _optimizer_step(shards, lr_factor, shards.step)
+        else:  # the first step creates the optimizer's (DTensor) state, as the script's optimizer would
+            for fp, grad in zip(self.params.values(), pending.own, strict=True):
+                fp.sharded_param.grad = fp.to_sharded_dtensor(grad) if not isinstance(grad, DTensor) else grad
+            _optimizer_step(self.optimizer, lr_factor, self.step_fn)
         if self.scheduler is not None:
             self.scheduler.step()
         if self.mirror_opt is not None and pending.mirror is not None:
@@ -279,6 +284,25 @@ class ShardedReplica:
         if not any(self.keys.values()):
             self.keys = sharded_state_keys(self.model, self.optimizer)
         self.digests = self.take_digests()
+
+    def _local_optimizer(self, grads: list[torch.Tensor]) -> torch.optim.Optimizer:
+        """The script's optimizer over this rank's local rows, which share storage with the DTensor parameters
+        and moments: the update is the same elementwise arithmetic, without DTensor's dispatch, whose sharding
+        propagation runs again on every new generation's mesh (0.15 s of a 0.16 s optimizer step measured).
+        Built at each commit, so it always sees the current tensors; the script's step hooks do not run."""
+        group_of = {id(p): i for i, g in enumerate(self.optimizer.param_groups) for p in g["params"]}
+        groups: list[dict[str, Any]] = [
+            {**{k: v for k, v in g.items() if k != "params"}, "params": []} for g in self.optimizer.param_groups
+        ]
+        opt = _clone_optimizer(self.optimizer, groups)
+        for fp, grad in zip(self.params.values(), grads, strict=True):
+            param = fp.sharded_param
+            rows = local(param).detach()  # a leaf over the same storage
+            rows.grad = grad
+            groups[group_of[id(param)]]["params"].append(rows)
+            state = self.optimizer.state[param]  # scalars (the step counter) shared, updated in place
+            opt.state[rows] = {k: local(v) if isinstance(v, DTensor) else v for k, v in state.items()}
+        return opt
 
     # --- a new layout ---------------------------------------------------------------------------------
 
