@@ -31,6 +31,7 @@ from slurm_elastic.ledger import analyze
 from slurm_elastic.metrics import max_param_rel_diff, tolerance
 from slurm_elastic.workload import corpus, example
 
+IN_JOB = ("worker_kill", "hang", "recovery_fault", "transfer_fault")  # carried in the workers' fault plan
 PAUSE_S = 0.05  # after each step, so that faults land in the steps the plan names
 
 
@@ -38,7 +39,8 @@ def fault_plan(plan: list[ChaosFault]) -> FaultPlan:
     """The faults that strike inside training processes, for their environment."""
     faults = FaultPlan()
     for f in plan:
-        assert f.node is not None or f.kind == "join"
+        if f.node is None or f.kind not in IN_JOB:
+            continue  # done from outside the training processes
         if f.kind == "worker_kill":
             faults = faults.add(node=f.node, step=f.step + 1, phase=f.phase, action="kill")
         elif f.kind == "hang":
@@ -50,23 +52,32 @@ def fault_plan(plan: list[ChaosFault]) -> FaultPlan:
     return faults
 
 
-def _command(data: Path, steps: int, model: Path, hold: Path) -> list[str]:
-    """The elastic example, paced (`--pause`) and held while a joiner starts (`--hold-file`)."""
+def fired(plan: list[ChaosFault], in_job: FaultPlan) -> list[bool]:
+    """Which faults of `plan` fired: those inside training processes by their record; the rest always do."""
+    flags = iter(in_job.fired())
+    return [next(flags) if f.node is not None and f.kind in IN_JOB else True for f in plan]
+
+
+def command(
+    data: Path, steps: int, model: Path, hold: Path, pause: float = PAUSE_S, flag: str = "--hold-file"
+) -> list[str]:
+    """The elastic example, paced (`--pause`) and held while a joiner starts (`--hold-file`), or bounded
+    to the steps the file names (`flag="--until-file"`)."""
     paced = Path(__file__).resolve().parents[1] / "tests" / "integration" / "train_slow.py"
     if not paced.is_file():
         raise ElasticError(f"{paced} not found: chaos runs from the source tree (pip install -e .)")
     return [sys.executable, str(paced), "--data", str(data), "--steps", str(steps), "--save", str(model),
-            "--pause", str(PAUSE_S), "--hold-file", str(hold)]  # fmt: skip
+            "--pause", str(pause), flag, str(hold)]  # fmt: skip
 
 
-def _reference(data: Path, steps: int, out: Path, reduce_dtype: str) -> dict[str, torch.Tensor]:
+def reference(data: Path, steps: int, out: Path, reduce_dtype: str) -> dict[str, torch.Tensor]:
     """The uninterrupted run: exact mode gives the same bits at any world size, so one process suffices."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_ELASTIC_")}
     env |= {"OMP_NUM_THREADS": "1", "SLURM_ELASTIC_REDUCE_DTYPE": reduce_dtype}
     cmd = [sys.executable, str(example()), "--data", str(data), "--steps", str(steps), "--save", str(out)]
     subprocess.run(cmd, env=env, check=True, capture_output=True, timeout=3600)
-    reference: dict[str, torch.Tensor] = torch.load(out)
-    return reference
+    state: dict[str, torch.Tensor] = torch.load(out)
+    return state
 
 
 class _Runner:
@@ -74,7 +85,6 @@ class _Runner:
         self.job = job
         self.hold = hold
         self.log = log
-        self.pending: list[ChaosFault] = []  # recovery faults armed, not yet seen to strike
 
     def events(self, kind: str) -> list[dict[str, Any]]:
         assert self.job.coordinator is not None
@@ -122,8 +132,7 @@ class _Runner:
             assert job.coordinator is not None
             job.coordinator.drain([fault.node or ""], "boundary", "chaos")
         if fault.kind == "recovery_fault":
-            self.pending.append(fault)  # strikes during the next fault's recovery
-            return
+            return  # strikes during the next fault's recovery
         self.wait(
             f"{fault.node} to be out after its {fault.kind}",
             lambda: fault.node not in self.member_nodes() and job.view().last_step > fault.step,
@@ -146,15 +155,13 @@ def run_chaos(
         )  # fmt: skip
         model = out / "model.pt"
         hold = out / "hold"
-        job = LocalJob(
-            _command(data, steps, model, hold), config, faults=fault_plan(plan), root=out, log_dir=out / "logs"
-        ).start()
+        (out / "fired").mkdir()
+        in_job = fault_plan(plan).recorded_in(out / "fired")
+        job = LocalJob(command(data, steps, model, hold), config, faults=in_job, root=out, log_dir=out / "logs").start()
         runner = _Runner(job, hold, log)
         try:
             for fault in plan:
                 runner.apply(fault)
-            members = runner.member_nodes()
-            missed = [f for f in runner.pending if f.node in members]  # still a member: its recovery fault never came
             result = job.wait(timeout=1800)
             ready = runner.events("generation_ready")
             fallbacks = runner.events("checkpoint_fallback")
@@ -162,15 +169,17 @@ def run_chaos(
             job.stop()
         if not result.ok:
             raise ElasticError(f"chaos: the job {result.phase}: {result.reason}")
-        reference = _reference(data, steps, out / "reference.pt", reduce_dtype)
+        expected = reference(data, steps, out / "reference.pt", reduce_dtype)
         ledger = analyze(out / "ledger")
-        diff = max_param_rel_diff(torch.load(model), reference)
+        diff = max_param_rel_diff(torch.load(model), expected)
         lost = sum(int(e.get("lost_committed_steps", 0)) for e in ready) + sum(e["replayed_steps"] for e in fallbacks)
+        struck = fired(plan, in_job)
     bound = tolerance(reduce_dtype, steps)
     summary = {
         "seed": seed,
         "faults": [
-            {"step": f.step, "kind": f.kind, "node": f.node, "phase": f.phase, "fired": f not in missed} for f in plan
+            {"step": f.step, "kind": f.kind, "node": f.node, "phase": f.phase, "fired": hit}
+            for f, hit in zip(plan, struck, strict=True)
         ],
         "steps": ledger.committed_steps,
         "generations": len(ready),

@@ -4,7 +4,10 @@
 
 The plan travels to workers in the environment (`SLURM_ELASTIC_FAULTS`, JSON); each worker fires the
 faults that name its node and local rank at the named step and phase, once, and only in its first
-incarnation (a restarted worker does not fire them again).
+incarnation (a restarted worker does not fire them again). With a record directory
+(`SLURM_ELASTIC_FAULTS_FIRED`, `FaultPlan(fired_dir=...)`) each fault leaves a marker there as it fires, so
+that it fires once per job even where a node's agent is started again (incarnation 0 anew, on Slurm), and
+whoever planned the faults can tell which ones fired.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import os
 import signal
 from collections.abc import Callable
+from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
@@ -23,6 +27,7 @@ FaultPhase = Literal[
 ]
 FaultAction = Literal["kill", "kill_node", "stop", "raise", "corrupt"]
 ENV_VAR = "SLURM_ELASTIC_FAULTS"
+FIRED_ENV_VAR = "SLURM_ELASTIC_FAULTS_FIRED"
 
 
 class Fault(BaseModel):
@@ -43,11 +48,22 @@ _FAULTS: TypeAdapter[list[Fault]] = TypeAdapter(list[Fault])
 class FaultPlan:
     """An immutable list of faults with a small builder API."""
 
-    def __init__(self, faults: tuple[Fault, ...] = ()) -> None:
+    def __init__(self, faults: tuple[Fault, ...] = (), fired_dir: Path | None = None) -> None:
         self.faults = faults
+        self.fired_dir = fired_dir
 
     def add(self, **fields: object) -> FaultPlan:
-        return FaultPlan((*self.faults, Fault.model_validate(fields)))
+        return FaultPlan((*self.faults, Fault.model_validate(fields)), self.fired_dir)
+
+    def recorded_in(self, fired_dir: Path) -> FaultPlan:
+        """The same faults, each fired once per job and marked in `fired_dir` (see `fired`)."""
+        return FaultPlan(self.faults, fired_dir)
+
+    def fired(self) -> list[bool]:
+        """For each fault, whether a worker fired it (needs a record directory)."""
+        if self.fired_dir is None:
+            raise ValueError("this fault plan keeps no record of what fired (FaultPlan.recorded_in)")
+        return [_marker(self.fired_dir, i).exists() for i in range(len(self.faults))]
 
     def kill(self, node: str, step: int, phase: FaultPhase = "forward", local_rank: int = 0) -> FaultPlan:
         """SIGKILL the worker itself."""
@@ -71,15 +87,19 @@ class FaultPlan:
         return self.add(node=node, step=step, phase="recovery", local_rank=local_rank, action="corrupt", after=True)
 
     def to_env(self) -> dict[str, str]:
-        return {ENV_VAR: _FAULTS.dump_json(list(self.faults)).decode()} if self.faults else {}
+        if not self.faults:
+            return {}
+        fired = {FIRED_ENV_VAR: str(self.fired_dir)} if self.fired_dir else {}
+        return {ENV_VAR: _FAULTS.dump_json(list(self.faults)).decode(), **fired}
 
     @classmethod
     def from_env(cls, env: dict[str, str] | os._Environ[str]) -> FaultPlan:
         raw = env.get(ENV_VAR)
         if not raw:
             return cls()
+        fired = env.get(FIRED_ENV_VAR)
         try:
-            return cls(tuple(_FAULTS.validate_json(raw)))
+            return cls(tuple(_FAULTS.validate_json(raw)), Path(fired) if fired else None)
         except ValidationError as exc:
             raise ConfigError(f"invalid {ENV_VAR}: {exc.errors()[0]['msg']}") from None
 
@@ -93,11 +113,13 @@ class FaultInjector:
 
     def __init__(self, plan: FaultPlan, node: str, local_rank: int, incarnation: int) -> None:
         self.corrupt: Callable[[], None] | None = None  # what a "corrupt" fault does (set by the training job)
+        self._fired_dir = plan.fired_dir
         self._pending = [
-            f
-            for f in plan.faults
+            (i, f)
+            for i, f in enumerate(plan.faults)
             if f.node == node and (f.action == "kill_node" or f.local_rank == local_rank)
             if f.incarnation == incarnation
+            if self._fired_dir is None or not _marker(self._fired_dir, i).exists()
         ]
 
     @property
@@ -105,11 +127,25 @@ class FaultInjector:
         return bool(self._pending)
 
     def hit(self, phase: FaultPhase, step: int) -> None:
-        for fault in self._pending:
+        for i, fault in self._pending:
             if fault.phase == phase and (fault.step == step or (fault.after and step >= fault.step)):
-                self._pending.remove(fault)
-                self._fire(fault)
+                self._pending.remove((i, fault))
+                if self._claim(i):
+                    self._fire(fault)
                 return
+
+    def _claim(self, index: int) -> bool:
+        """Mark fault `index` fired (before it fires: a kill ends this process); False if another process
+        of the job already fired it."""
+        if self._fired_dir is None:
+            return True
+        try:
+            os.close(os.open(_marker(self._fired_dir, index), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+        except FileExistsError:
+            return False
+        except OSError:
+            pass  # no record: fire anyway (the fault is what the plan asked for)
+        return True
 
     def _fire(self, fault: Fault) -> None:
         if fault.action == "corrupt":
@@ -124,3 +160,7 @@ class FaultInjector:
             os.kill(os.getpid(), signal.SIGSTOP)
         else:
             raise InjectedFault(f"injected fault at step {fault.step}, phase {fault.phase}")
+
+
+def _marker(fired_dir: Path, index: int) -> Path:
+    return fired_dir / f"fault-{index}"

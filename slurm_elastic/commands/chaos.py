@@ -12,7 +12,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p = sub.add_parser("chaos", help="train under a seeded mix of faults and check the result", description=__doc__)
     p.add_argument("--seed", type=int, default=0, help="the plan of faults (the same seed, the same plan)")
     p.add_argument("--faults", type=int, default=20, help="how many faults")
-    p.add_argument("--nodes", type=int, default=4, help="local nodes at the start")
+    p.add_argument("--nodes", type=int, default=4, help="local nodes at the start (--slurm: the cluster's nodes)")
     p.add_argument(
         "--reduce-dtype", choices=("float64", "float32", "bfloat16"), default="float64",
         help="how gradients are summed; float64 (exact) makes the verdict the same bits",
@@ -32,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
     if args.slurm:
         from slurm_elastic.chaos_slurm import run_chaos_slurm
 
-        summary = run_chaos_slurm(args.seed, args.faults, log=log)
+        summary = run_chaos_slurm(args.seed, args.faults, reduce_dtype=args.reduce_dtype, log=log)
     else:
         from slurm_elastic.chaos import run_chaos
 

@@ -27,6 +27,11 @@ ChaosKind = Literal[
 LOCAL_KINDS: tuple[ChaosKind, ...] = (
     "worker_kill", "node_loss", "hang", "join", "drain", "recovery_fault", "transfer_fault",
 )  # fmt: skip
+SLURM_KINDS: tuple[ChaosKind, ...] = (
+    "worker_kill", "node_loss", "hang", "recovery_fault", "transfer_fault", "shrink", "reclaim",
+    "preempt_satellite", "drain",
+)  # fmt: skip
+ABRUPT: tuple[ChaosKind, ...] = ("worker_kill", "node_loss", "hang", "shrink")  # each starts a recovery
 STEP_PHASES = ("forward", "backward", "bucket", "allreduce", "optimizer", "commit")
 
 
@@ -34,7 +39,8 @@ STEP_PHASES = ("forward", "backward", "bucket", "allreduce", "optimizer", "commi
 class ChaosFault:
     step: int  # fires at (or, for recovery and transfer faults, after) this committed step
     kind: ChaosKind
-    node: str | None  # the node it hits; None for a join (the launcher names the newcomer)
+    node: str | None  # the node it hits; None for a join (the launcher names the newcomer) or a reclaim that
+    # gives back whichever satellite `slurm-elastic reclaim` chooses
     phase: str | None = None  # for a worker kill or hang: where in the step
 
 
@@ -81,6 +87,72 @@ def plan_chaos(
             alive.remove(victim)
         step += rng.randint(*spacing)
     return plan[:faults]
+
+
+def plan_slurm_chaos(
+    seed: int,
+    faults: int,
+    *,
+    nodes: tuple[str, ...],
+    first_step: int = 5,
+    spacing: tuple[int, int] = (10, 16),
+    kinds: tuple[ChaosKind, ...] = SLURM_KINDS,
+    resizes: int = 1,
+) -> list[ChaosFault]:
+    """`faults` faults over a Slurm job that starts on all of `nodes`, the first being its batch host.
+
+    After each fault the job is refilled to len(nodes) before the next (the lost node's agent is started
+    again, or a satellite takes the node a shrink or a reclaim freed), so the plan follows where the core
+    job's allocation ends: a shrink takes its last node, a reclaim a satellite first, then the core's last
+    node (as `scontrol update NumNodes` and `slurm-elastic reclaim` do). The batch host is never hit (its
+    loss is the disaster path: requeue and resume from a checkpoint). Faults inside training processes hit
+    core nodes only, whose environment carries the plan; a recovery fault is followed by a fault that
+    starts a recovery, and neither a recovery nor a transfer fault ends the plan (each needs a successor).
+    At most `resizes` faults shrink the core job: without accounting (no slurmdbd, as on the local
+    cluster) slurmctld refuses every update of a job after its first resize ("the DB index is being set").
+    """
+    if faults < 0 or len(nodes) < 3:
+        raise ValueError(f"need faults >= 0 and at least 3 nodes, got {faults} and {list(nodes)}")
+    rng = random.Random(seed)
+    core = list(nodes)
+    satellites: list[str] = []
+    armed: ChaosFault | None = None  # a recovery or transfer fault waiting for its successor
+    step = first_step
+    plan: list[ChaosFault] = []
+    while len(plan) < faults:
+        targets = [n for n in core[1:] if armed is None or n != armed.node]
+        last = len(plan) + 1 == faults
+        shrinkable = len(core) >= 3 and len(nodes) - len(core) < resizes and (armed is None or core[-1] != armed.node)
+        feasible = {
+            "worker_kill": bool(targets), "node_loss": bool(targets), "hang": bool(targets),
+            # An armed node needs another for its successor to hit.
+            "recovery_fault": len(targets) >= 2 and armed is None and not last,
+            "transfer_fault": len(targets) >= 2 and armed is None and not last,
+            "shrink": shrinkable, "reclaim": bool(satellites) or shrinkable,
+            "preempt_satellite": bool(satellites), "drain": bool(satellites),
+        }  # fmt: skip
+        choices = [k for k in kinds if feasible.get(k, False)]
+        if armed is not None and armed.kind == "recovery_fault":
+            choices = [k for k in choices if k in ABRUPT]
+        if not choices:
+            raise ValueError(f"no fault of {list(kinds)} is possible with core {core} and satellites {satellites}")
+        kind = rng.choice(choices)
+        node: str | None
+        if kind in ("shrink", "reclaim") and not (kind == "reclaim" and satellites):
+            node = core.pop()
+            satellites.append(node)  # the refill: a satellite on the node that was freed
+        elif kind == "reclaim":
+            node = None  # whichever satellite `slurm-elastic reclaim` gives back; a new one takes its place
+        elif kind in ("preempt_satellite", "drain"):
+            node = rng.choice(satellites)
+        else:
+            node = rng.choice(targets)
+        phase = rng.choice(STEP_PHASES) if kind in ("worker_kill", "hang") else None
+        fault = ChaosFault(step, kind, node, phase)
+        plan.append(fault)
+        armed = fault if kind in ("recovery_fault", "transfer_fault") else None
+        step += rng.randint(*spacing)
+    return plan
 
 
 def steps_needed(plan: list[ChaosFault], tail: int = 20) -> int:

@@ -17,18 +17,28 @@ class NodeDrain:
     reason: str
 
 
+def _failed(node: NodeInfo) -> bool:
+    return node.down or "FAIL" in node.flags or node.state == "FAIL"
+
+
 def drains_for(nodes: Iterable[NodeInfo], members: set[str], notified: set[str]) -> list[NodeDrain]:
-    """FAIL or DOWN: leave now; DRAIN: leave at the next step boundary. Each node once."""
+    """FAIL or DOWN: leave now; DRAIN: leave at the next step boundary. Each node once (per `notified`)."""
     out = []
     for node in nodes:
         if node.name not in members or node.name in notified:
             continue
         why = f"Slurm marks {node.name} {node.state}" + (f" ({node.reason})" if node.reason else "")
-        if node.down or "FAIL" in node.flags or node.state == "FAIL":
+        if _failed(node):
             out.append(NodeDrain(node.name, "now", why))
         elif node.drain:
             out.append(NodeDrain(node.name, "boundary", why))
     return out
+
+
+def back_in_service(nodes: Iterable[NodeInfo], notified: set[str]) -> set[str]:
+    """Nodes once turned into drains that Slurm shows healthy again (an admin resumed them): forgotten, so
+    that their next DRAIN or DOWN, e.g. under a satellite that landed there since, counts anew."""
+    return {n.name for n in nodes if n.name in notified and not (_failed(n) or n.drain)}
 
 
 def satellites_to_submit(pending: int, keep_pending: int, limit: int = 64) -> int:

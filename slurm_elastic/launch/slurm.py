@@ -31,7 +31,7 @@ from slurm_elastic.commands.common import fail, job_config
 from slurm_elastic.config import JobConfig, training_env
 from slurm_elastic.coordinator import CoordinatorThread
 from slurm_elastic.coordinator.config import coordinator_config
-from slurm_elastic.decide.slurm_watch import drains_for, nodes_to_relaunch, satellites_to_submit
+from slurm_elastic.decide.slurm_watch import back_in_service, drains_for, nodes_to_relaunch, satellites_to_submit
 from slurm_elastic.errors import ElasticError, SlurmError
 from slurm_elastic.jobdir import JobHandle, LaunchInfo, hook_comment, job_dir
 from slurm_elastic.logs import configure_logging
@@ -183,6 +183,7 @@ class SlurmLaunch:
         except SlurmError as exc:
             log.warning("node_watch_failed", error=str(exc))
             return
+        self._notified -= back_in_service(states, self._notified)
         for drain in drains_for(states, members, self._notified):
             self._notified.add(drain.node)
             self.coordinator.drain([drain.node], drain.mode, drain.reason)

@@ -34,6 +34,9 @@ SCONTROL_JSON_SINCE = SlurmVersion(23, 2, 0)
 _GONE = ("Invalid job id specified", "Invalid job id", "Unknown job")
 # scancel on a job that already ended: the wanted outcome holds, so not an error here.
 _ALREADY_DONE = ("already completing or completed",)
+# slurmctld's "not now" to a job update (e.g. "Job update not available right now, the DB index is being
+# set, try again in a bit"): the same request succeeds a moment later.
+_TRY_AGAIN = ("try again",)
 
 
 @dataclass(frozen=True)
@@ -78,6 +81,7 @@ class CliBackend:
         bin_dir: str | Path | None = None,
         runner: Runner | None = None,
         version: SlurmVersion | None = None,
+        retry_delays: Sequence[float] = (1.0, 2.0),
     ) -> None:
         if timeout <= 0:
             raise SlurmRequestError(f"timeout must be positive, got {timeout}")
@@ -86,6 +90,7 @@ class CliBackend:
         self._bin_dir = Path(bin_dir) if bin_dir is not None else None
         self._runner: Runner = runner or run_command
         self._version = version
+        self._retry_delays = tuple(retry_delays)  # before each new try of a job command Slurm said to retry
 
     # -- plumbing ---------------------------------------------------------------------------------
 
@@ -230,6 +235,11 @@ class CliBackend:
 
     def _checked_job_command(self, tool: str, *args: str, job_id: str) -> None:
         result = self._run(tool, *args, check=False)
+        for delay in self._retry_delays:
+            if result.returncode == 0 or not any(marker in result.stderr for marker in _TRY_AGAIN):
+                break
+            time.sleep(delay)
+            result = self._run(tool, *args, check=False)
         if result.returncode == 0 and "error" not in result.stderr.lower():
             return
         if any(marker in result.stderr for marker in _GONE):

@@ -70,7 +70,10 @@ def synchronize(
         snap = capture()
         layout = layout_of(snap.tensors)
         if rank == plan.sources[0]:
-            store.set(meta_key, json.dumps({"meta": snap.meta, "layout": layout.to_json()}))
+            # A store call can fail as a collective can: the generation was superseded (the store refuses
+            # its keys) or the coordinator is gone. Either way this generation failed, not the user's code.
+            published = json.dumps({"meta": snap.meta, "layout": layout.to_json()})
+            run_interruptibly(lambda: store.set(meta_key, published), group.interrupt, "state layout")
         buf = pack(snap.tensors, layout, device=group.device)
         sends = []
         for s in plan.sends_from(rank):

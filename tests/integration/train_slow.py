@@ -1,7 +1,8 @@
 """The elastic example's training, with a pause after each step (`--pause S`), so that a node that takes
-seconds to start (importing torch) arrives while the job still runs, and a hold (`--hold-file PATH`: no
+seconds to start (importing torch) arrives while the job still runs, a hold (`--hold-file PATH`: no
 step starts while PATH exists) that `slurm-elastic chaos` uses to let a joiner arrive before the job goes
-on. Neither touches the math."""
+on, and a bound (`--until-file PATH`: no step numbered above the integer in PATH starts) with which
+`chaos --slurm` leads the job from fault to fault. None touches the math."""
 
 import os
 import sys
@@ -26,9 +27,18 @@ def option(name: str, default: str | None) -> str | None:
     return value
 
 
+def bound(path: str) -> float:
+    try:
+        with open(path) as fh:
+            return int(fh.read())
+    except (OSError, ValueError):  # no bound (yet), or being replaced
+        return float("inf")
+
+
 def main() -> None:
     pause = float(option("--pause", "0") or 0)
     hold = option("--hold-file", None)
+    until = option("--until-file", None)
     per_replica = option("--per-replica-batch", None)
     lr_rule = option("--lr-rule", "linear")
     args = parse_args()
@@ -44,7 +54,7 @@ def main() -> None:
         **batch,  # type: ignore[arg-type]
     )
     for step in job.steps(args.steps):
-        while hold and os.path.exists(hold):
+        while (hold and os.path.exists(hold)) or (until and step.number > bound(until)):
             time.sleep(0.05)
         for x, y in step.micro_batches():
             step.backward(F.cross_entropy(model(x).flatten(0, 1), y.flatten()))

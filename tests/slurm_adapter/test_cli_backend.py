@@ -162,6 +162,34 @@ def test_cancel_of_finished_job_is_quiet_and_of_unknown_job_raises() -> None:
         cli.cancel("6")
 
 
+class Sequenced(Script):
+    """A runner whose answers to one command change from call to call."""
+
+    def __init__(self, results: list[CommandResult]) -> None:
+        super().__init__({})
+        self.results = results
+
+    def __call__(self, argv: Sequence[str], env: Mapping[str, str], timeout: float) -> CommandResult:
+        self.calls.append((list(argv), dict(env), timeout))
+        return self.results[min(len(self.calls), len(self.results)) - 1]
+
+
+def test_a_job_update_slurm_asks_to_retry_is_retried_a_bounded_number_of_times() -> None:
+    busy = CommandResult(1, "", "Job update not available right now, the DB index is being set, try again in a bit")
+    script = Sequenced([busy, busy, ok()])
+    cli = CliBackend(runner=script, retry_delays=(0, 0, 0))
+    cli.resize_job("23", num_nodes=2)
+    assert [c[0] for c in script.calls] == [["scontrol", "update", "JobId=23", "NumNodes=2"]] * 3
+    always = Sequenced([busy])
+    with pytest.raises(SlurmCommandError, match="try again"):
+        CliBackend(runner=always, retry_delays=(0, 0)).resize_job("23", num_nodes=2)
+    assert len(always.calls) == 3  # the first try and one per delay
+    other = Sequenced([CommandResult(1, "", "scontrol: error: Invalid node count")])
+    with pytest.raises(SlurmCommandError):
+        CliBackend(runner=other, retry_delays=(0, 0)).resize_job("23", num_nodes=2)
+    assert len(other.calls) == 1  # other errors are not retried
+
+
 def test_request_errors() -> None:
     cli, _ = backend({})
     with pytest.raises(SlurmRequestError, match="not one of"):

@@ -64,6 +64,16 @@ def test_slurm_node_states_become_drains_once() -> None:
     assert drains_for(nodes, {"n1", "n2", "n3"}, {"n2", "n3"}) == []
 
 
+def test_a_node_resumed_after_its_drain_is_drained_again_the_next_time() -> None:
+    from slurm_elastic.decide.slurm_watch import back_in_service
+
+    notified = {"n2", "n3", "n4"}
+    now = [node("n2", "ALLOCATED"), node("n3", "DOWN"), node("n4", "IDLE", frozenset({"DRAIN"})), node("n5", "IDLE")]
+    assert back_in_service(now, notified) == {"n2"}  # n3 still down, n4 still drained, n5 never drained
+    later = [node("n2", "ALLOCATED", frozenset({"DRAIN"}), "again")]
+    assert [d.node for d in drains_for(later, {"n2"}, notified - {"n2"})] == ["n2"]
+
+
 def test_satellite_pool_keeps_the_number_pending() -> None:
     assert satellites_to_submit(pending=0, keep_pending=3) == 3
     assert satellites_to_submit(pending=2, keep_pending=3) == 1

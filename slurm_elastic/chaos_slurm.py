@@ -1,0 +1,357 @@
+"""`slurm-elastic chaos --slurm`: a seeded run of mixed faults on the local Slurm cluster, judged against an
+uninterrupted run as the local chaos run is.
+
+The job is `elastic_core.sbatch` on every node of the cluster (the first is the batch host). The plan
+(`decide.chaos.plan_slurm_chaos`) mixes faults inside training processes (a SIGKILL in a phase of a step, a
+hang, a kill while a generation forms or while a joiner receives the state: in the plan the workers read)
+with what Slurm and operators do: a node's sudden death (slurmd, step daemons and tasks at once), a shrink
+(`scontrol update NumNodes`), a reclaim (`slurm-elastic reclaim`), a satellite preempted by a
+higher-priority job, and a node drained by an admin. After each fault the job is refilled: the launcher
+starts an agent on its node again, or a satellite (`slurm-elastic grow`) takes a node that was freed;
+the job is led from fault to fault (no step past the next fault's starts; `--until-file` of the paced
+example), so that every fault lands at the step the plan names whatever Slurm's delays.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from slurm_elastic.chaos import PAUSE_S, command, fault_plan, fired, reference
+from slurm_elastic.decide.chaos import ChaosFault, plan_slurm_chaos, steps_needed
+from slurm_elastic.devcluster import LocalCluster
+from slurm_elastic.errors import ElasticError
+from slurm_elastic.events import EventsFile
+from slurm_elastic.launch.slurm import satellite_name
+from slurm_elastic.ledger import analyze
+from slurm_elastic.metrics import max_param_rel_diff, tolerance
+from slurm_elastic.slurm import CliBackend
+from slurm_elastic.workload import corpus
+
+CORE = Path(__file__).resolve().parents[1] / "sbatch_templates" / "elastic_core.sbatch"
+SLURM_PAUSE_S = 2 * PAUSE_S  # paced, so that a node that takes seconds to start still finds the job running
+
+
+def _settings(root: Path, reduce_dtype: str) -> dict[str, str]:
+    return {
+        "SLURM_ELASTIC_HOME": str(root / "home"),
+        "SLURM_ELASTIC_HOST": "127.0.0.1",
+        "SLURM_ELASTIC_LEDGER_DIR": str(root / "ledger"),
+        "SLURM_ELASTIC_REDUCE_DTYPE": reduce_dtype,
+        "SLURM_ELASTIC_HEARTBEAT_INTERVAL_S": "0.5",
+        "SLURM_ELASTIC_LEASE_TIMEOUT_S": "5",
+        "SLURM_ELASTIC_HANG_TIMEOUT_S": "5",
+        "SLURM_ELASTIC_PROGRESS_INTERVAL_S": "0.5",
+        "SLURM_ELASTIC_RECORD_COMMITS": "true",  # one event per committed step: where the job is, exactly
+        "SLURM_ELASTIC_NODE_WATCH_INTERVAL_S": "1",
+        "SLURM_ELASTIC_MAX_RESTARTS": "0",  # a node whose worker died comes back through a new agent
+        "OMP_NUM_THREADS": "1",
+        "SE_PYTHON": sys.executable,
+    }
+
+
+class _Job(EventsFile):
+    """The core job, seen through its events file and Slurm, and the actions of the plan upon it."""
+
+    def __init__(self, cluster: LocalCluster, root: Path, env: dict[str, str], job_id: str, until: Path) -> None:
+        super().__init__(Path(env["SLURM_ELASTIC_HOME"]) / "jobs" / job_id / "events.jsonl", f"chaos job {job_id}")
+        self.cluster, self.root, self.env, self.job_id, self.until = cluster, root, env, job_id, until
+        self.backend = CliBackend(env=cluster.command_env())
+        self.size = len(cluster.nodes)
+        self.others: list[str] = []  # jobs the chaos run submitted (preempting jobs), cancelled at the end
+        self.bound: int | None = None  # no step numbered above it starts
+
+    # --- what the job is doing --------------------------------------------------------------------------
+
+    def last_step(self) -> int:
+        return max((e["step"] for e in self.events("commit")), default=0)
+
+    def members(self) -> set[str]:
+        changes = self.events("membership_change")
+        return {w.split(":")[0] for w in changes[-1]["ranks"]} if changes else set()
+
+    def registered(self) -> set[str]:
+        """Nodes whose worker is there, ready to join: registered, and neither its agent lost nor its worker
+        out of the job since (the membership change shows a loss before the agent's end does)."""
+        nodes: set[str] = set()
+        for e in self.events():
+            if e["event"] == "worker_registered":
+                nodes.add(e["node"])
+            elif e["event"] == "node_lost":
+                nodes.discard(e["node"])
+            elif e["event"] == "membership_change":
+                nodes -= {w.split(":")[0] for w in e["left"]}
+        return nodes
+
+    def ready(self) -> bool:
+        """The latest generation formed, and its state transfer ended (done, or failed by a fault)."""
+        changes, ready = self.events("membership_change"), self.events("generation_ready")
+        return not changes or any(e["generation"] >= changes[-1]["generation"] for e in ready)
+
+    def left_since(self, since: float) -> list[str]:
+        """Nodes whose workers left the job (failed, evicted, drained) in membership changes after `since`."""
+        return [w.split(":")[0] for e in self.events("membership_change") if e["time"] >= since for w in e["left"]]
+
+    def wait(self, what: str, predicate: Callable[[], bool], timeout: float = 180.0) -> None:
+        def alive_and(predicate: Callable[[], bool]) -> bool:
+            if self.events("job_failed") or self.events("job_finished"):
+                raise ElasticError(f"chaos: waiting for {what}: the job ended; output:\n{self.output()[-3000:]}")
+            return predicate()
+
+        super().wait(what, lambda: alive_and(predicate), timeout)
+
+    def wait_finished(self) -> None:
+        super().wait("the job to end", lambda: self.backend.job(self.job_id).is_finished, 1800)
+
+    def output(self) -> str:
+        return "\n".join(p.read_text(errors="replace") for p in sorted(self.root.glob(f"*-{self.job_id}.out")))
+
+    def satellites(self) -> list[str]:
+        return [j.job_id for j in self.backend.jobs(name=satellite_name(self.job_id))]
+
+    # --- actions --------------------------------------------------------------------------------------
+
+    def slurm(self, *argv: str) -> str:
+        return self.cluster.slurm(*argv, timeout_s=60.0).stdout
+
+    def elastic(self, *args: str) -> subprocess.Popen[str]:
+        """`slurm-elastic ARGS --job ID`, started; without the fault plan (a satellite must not fire the
+        core job's faults)."""
+        cmd = [sys.executable, "-m", "slurm_elastic", *args, "--job", self.job_id]
+        env = {k: v for k, v in self.env.items() if not k.startswith("SLURM_ELASTIC_FAULTS")}
+        return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    @staticmethod
+    def finished(command: subprocess.Popen[str]) -> str:
+        out, _ = command.communicate(timeout=180)
+        if command.returncode != 0:
+            raise ElasticError(f"chaos: `slurm-elastic {' '.join(command.args[3:])}` failed: {out}")  # type: ignore[index, arg-type]
+        return out
+
+    def drained_since(self, since: float, node: str | None) -> bool:
+        return any(e["time"] >= since and (node is None or node in e["nodes"]) for e in self.events("drain_requested"))
+
+    def allow(self, step: int | None) -> None:
+        """No step numbered above `step` starts (None: no bound). Written whole, then renamed into place."""
+        self.bound = step
+        if step is None:
+            self.until.unlink(missing_ok=True)
+            return
+        staged = self.until.with_suffix(".new")
+        staged.write_text(str(step))
+        staged.replace(self.until)
+
+    def wait_stepping(self, what: str, predicate: Callable[[], bool]) -> None:
+        """Wait for what happens at a step boundary (a drain leaves, a joiner joins), letting the job on one
+        step at a time: the change rides in a step's last reduction, so it may take a step or two to show."""
+
+        def stepped() -> bool:
+            if predicate():
+                return True
+            last = self.last_step()
+            if self.bound is not None and last >= self.bound:
+                self.allow(last + 1)
+            return False
+
+        self.wait(what, stepped)
+
+    def refill(self) -> list[str]:
+        """Back to every node of the cluster: no step starts until the newcomers registered. A node's own
+        agent comes back by itself (the launcher starts it again); a node that was freed gets a satellite."""
+        joined: list[str] = []
+        for _ in range(3):  # a transfer fault may strike the refill's own join: then refill again
+            if len(self.members()) >= self.size:
+                return joined
+            before = self.members()
+            grown = 0.0
+            deadline = time.monotonic() + 240
+            while len(self.registered()) < self.size:
+                if time.monotonic() > deadline:
+                    raise ElasticError(f"chaos: the job did not get back to {self.size} nodes within 240 s")
+                idle = [n for n, s in self.cluster.node_states().items() if s == "idle"]
+                pending = [s for s in self.satellites() if self.backend.job(s).is_pending]
+                if idle and not pending and time.monotonic() - grown > 30:
+                    self.finished(self.elastic("grow", "--nodes", "1", "--partition", "train"))
+                    grown = time.monotonic()
+                time.sleep(0.5)
+            crossed = time.time()
+            # The next generation (the newcomers in; or someone lost while they were let in), in sync.
+            self.wait_stepping("the next generation", lambda t=crossed: self.changed_since(t) and self.ready())  # type: ignore[misc]
+            joined += sorted(self.members() - before)
+        return joined
+
+    def changed_since(self, since: float) -> bool:
+        return any(e["time"] >= since for e in self.events("membership_change"))
+
+
+class _Runner:
+    def __init__(self, job: _Job, struck: Callable[[], list[bool]], log: Callable[[str], None]) -> None:
+        self.job, self.struck, self.log = job, struck, log
+        self.hit: list[str | None] = []  # the node each fault actually hit
+        self.joins: list[str] = []
+        self.armed: tuple[int, ChaosFault, float] | None = None  # a recovery or transfer fault, not yet followed
+
+    def apply(self, fault: ChaosFault) -> None:
+        """Lead the job to the fault's step (a fault inside the training strikes in the step after it), carry
+        the fault out, wait its node out and refill. The job never runs ahead of the plan."""
+        job = self.job
+        inside = fault.kind in ("worker_kill", "hang")
+        since = time.time()  # before the step: a fault inside the training may strike before this sees it
+        job.allow(fault.step + 1 if inside else fault.step)
+        job.wait(f"step {fault.step}", lambda: job.last_step() >= fault.step)
+        node = fault.node
+        self.log(f"chaos: step {fault.step}: {fault.kind} of {node or 'a satellite'}" + (
+            f" in {fault.phase}" if fault.phase else ""))  # fmt: skip
+        if fault.kind in ("recovery_fault", "transfer_fault"):
+            self.hit.append(node)  # armed: strikes in its successor's recovery or join
+            self.armed = (len(self.hit) - 1, fault, since)
+            return
+        if inside:
+            index = len(self.hit)
+            missed = lambda: job.last_step() > fault.step and not self.struck()[index]  # noqa: E731
+            job.wait(f"{node} to leave after its {fault.kind}", lambda: bool(self._left(since, node)) or missed())
+            if missed():  # its node was not in the job at that step (the record says so in the summary)
+                self.log(f"chaos: the {fault.kind} of {node} at step {fault.step} did not fire")
+                self.hit.append(node)
+                return
+        else:
+            node = self._act(fault, since) or node
+        self.hit.append(node)
+        if fault.kind == "node_loss":
+            job.cluster.restart_node(node or "")
+        elif fault.kind == "drain":
+            job.wait(f"{node} drained", lambda: job.cluster.node_states().get(node or "") == "drained", 120)
+            job.backend.set_node_state(node or "", "RESUME", "")
+        self.joins += job.refill()
+        if self.armed is not None:
+            self._follow(*self.armed)
+            self.armed = None
+
+    def _follow(self, index: int, fault: ChaosFault, since: float) -> None:
+        """An armed fault strikes in its successor's recovery or in the state transfer to its joiner, maybe
+        after the refill looked: once it is seen to fire, its node is waited out and refilled too."""
+        job = self.job
+        deadline = time.monotonic() + 10.0
+        while not self.struck()[index] and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if self.struck()[index]:
+            job.wait(f"{fault.node} to leave after its {fault.kind}", lambda: fault.node in job.left_since(since))
+            self.joins += job.refill()
+
+    def _act(self, fault: ChaosFault, since: float) -> str:
+        """Carry out `fault` and wait until its node left the job; returns that node."""
+        job, node = self.job, fault.node
+        reclaim: subprocess.Popen[str] | None = None
+        if fault.kind == "node_loss":
+            job.cluster.kill_node(node or "")
+        elif fault.kind == "shrink":
+            job.backend.resize_job(job.job_id, num_nodes=len(job.backend.job(job.job_id).nodes) - 1)
+        elif fault.kind == "reclaim":
+            reclaim = job.elastic("reclaim", "--nodes", "1", "--timeout", "120")
+        elif fault.kind == "preempt_satellite":
+            out = job.slurm("sbatch", "--parsable", "--partition=infer", "--exclusive", f"--nodelist={node}",
+                            "--output=/dev/null", "--wrap=sleep 5")  # fmt: skip
+            job.others.append(out.strip().split(";")[0])
+        elif fault.kind == "drain":
+            job.backend.set_node_state(node or "", "DRAIN", "chaos")
+        if fault.kind in ("reclaim", "preempt_satellite", "drain"):
+            # These leave at a step boundary: once Slurm or the operator asked, the job crosses one.
+            job.wait(f"a drain after the {fault.kind}", lambda: job.drained_since(since, node))
+            job.wait_stepping(
+                f"{node or 'a node'} to leave after its {fault.kind}", lambda: bool(self._left(since, node))
+            )
+        if fault.kind in ("shrink", "reclaim"):
+            node = None  # Slurm and `reclaim` choose which node goes; the plan expects its core's last
+        job.wait(f"{node or 'a node'} to leave after its {fault.kind}", lambda: bool(self._left(since, node)))
+        if reclaim is not None:
+            job.finished(reclaim)
+        return self._left(since, node)[0]
+
+    def _left(self, since: float, node: str | None) -> list[str]:
+        left = self.job.left_since(since)
+        return [n for n in left if node is None or n == node]
+
+
+def run_chaos_slurm(
+    seed: int, faults: int, *, reduce_dtype: str = "float64", log: Callable[[str], None]
+) -> dict[str, Any]:
+    cluster = LocalCluster()
+    if not cluster.is_up():
+        raise ElasticError(f"the local Slurm cluster ({cluster.state_dir}) is not running: `make cluster-up` first")
+    os.environ.update(cluster.env())
+    started = time.monotonic()
+    plan = plan_slurm_chaos(seed, faults, nodes=tuple(cluster.nodes))
+    log(f"chaos --slurm: seed {seed}, {faults} faults over {steps_needed(plan)} steps on {', '.join(cluster.nodes)}")
+    cluster.wait_nodes(cluster.nodes, want_idle=True, timeout_s=180)
+    root = Path(tempfile.mkdtemp(prefix="slurm-elastic-chaos-slurm-"))
+    try:
+        summary = _run(cluster, plan, root, reduce_dtype, log)
+    except BaseException:
+        log(f"chaos --slurm: the job's files are kept in {root} (events in home/jobs/*/events.jsonl)")
+        raise
+    shutil.rmtree(root, ignore_errors=True)
+    return {"seed": seed, **summary, "elapsed_s": round(time.monotonic() - started, 1)}
+
+
+def _run(
+    cluster: LocalCluster, plan: list[ChaosFault], root: Path, reduce_dtype: str, log: Callable[[str], None]
+) -> dict[str, Any]:
+    steps = steps_needed(plan)
+    data = corpus()
+    (root / "fired").mkdir()
+    in_job = fault_plan(plan).recorded_in(root / "fired")
+    env = {**os.environ, **_settings(root, reduce_dtype), **in_job.to_env()}
+    model, until = root / "model.pt", root / "until"
+    until.write_text(str(plan[0].step if plan else steps))  # the job waits at the first fault's step
+    train = command(data, steps, model, until, pause=SLURM_PAUSE_S, flag="--until-file")
+    argv = ["sbatch", "--parsable", f"--nodes={len(cluster.nodes)}", f"--chdir={root}",
+            f"--output={root}/core-%j.out", str(CORE), *train]  # fmt: skip
+    job_id = subprocess.run(argv, env=env, check=True, capture_output=True, text=True, timeout=30).stdout
+    job = _Job(cluster, root, env, job_id.strip().split(";")[0], until)
+    runner = _Runner(job, lambda: fired(plan, in_job), log)
+    try:
+        job.wait(f"the job to train on {job.size} nodes", lambda: len(job.members()) == job.size, 300)
+        for fault in plan:
+            runner.apply(fault)
+        job.allow(None)
+        job.wait_finished()
+        final = job.backend.job(job.job_id)
+    finally:
+        cluster.slurm("scancel", job.job_id, *job.satellites(), *job.others, check=False)
+        cluster.recover_nodes()
+        cluster.wait_nodes(cluster.nodes, want_idle=True, timeout_s=180)
+    if final.state != "COMPLETED" or not model.exists():
+        raise ElasticError(f"chaos: the job ended {final.state}; output:\n{job.output()[-3000:]}")
+    struck = fired(plan, in_job)
+    ready = job.events("generation_ready")
+    lost = sum(int(e.get("lost_committed_steps", 0)) for e in ready)
+    lost += sum(e["replayed_steps"] for e in job.events("checkpoint_fallback"))
+    ledger = analyze(root / "ledger")
+    diff = max_param_rel_diff(torch.load(model), reference(data, steps, root / "reference.pt", reduce_dtype))
+    bound = tolerance(reduce_dtype, steps)
+    return {
+        "slurm": True,
+        "faults": [
+            {"step": f.step, "kind": f.kind, "node": node, "phase": f.phase, "fired": hit}
+            for f, node, hit in zip(plan, runner.hit, struck, strict=True)
+        ],
+        "joins": len(runner.joins),
+        "steps": ledger.committed_steps,
+        "generations": len(ready),
+        "lost_committed_steps": lost,
+        "duplicate_samples": ledger.duplicate_samples,
+        "skipped_samples": ledger.skipped_samples,
+        "max_param_rel_diff": diff,
+        "tolerance": bound,
+        "reduce_dtype": reduce_dtype,
+        "ok": lost == 0 and ledger.duplicate_samples == 0 == ledger.skipped_samples and diff <= bound,
+    }

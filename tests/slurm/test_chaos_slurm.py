@@ -1,0 +1,29 @@
+"""`slurm-elastic chaos --slurm`, short: a node's death, a shrink, an admin's drain of a satellite's node and
+a worker killed in its step, on the real local cluster; the job ends with the uninterrupted run's model,
+every sample once."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from slurm_elastic.devcluster import LocalCluster
+
+pytestmark = pytest.mark.timeout(600)
+
+
+def test_a_short_chaos_run_on_slurm_ends_with_the_reference_model(slurm_cluster: LocalCluster) -> None:
+    cmd = [sys.executable, "-m", "slurm_elastic", "chaos", "--slurm", "--seed", "4", "--faults", "4", "--json"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=580)
+    assert done.returncode == 0, done.stderr[-4000:]
+    summary = json.loads(done.stdout)
+    assert [f["kind"] for f in summary["faults"]] == ["node_loss", "shrink", "drain", "worker_kill"]
+    assert all(f["fired"] for f in summary["faults"]), summary["faults"]
+    assert summary["joins"] >= 4  # every fault was refilled: an agent started again or a satellite
+    assert (summary["lost_committed_steps"], summary["duplicate_samples"], summary["skipped_samples"]) == (0, 0, 0)
+    assert summary["max_param_rel_diff"] <= summary["tolerance"] == 1e-6
+    assert summary["ok"] and summary["steps"] == summary["faults"][-1]["step"] + 20
+    assert not [j for j in slurm_cluster.slurm("squeue", "-h", "-o", "%i").stdout.split()]  # nothing left queued
