@@ -205,12 +205,11 @@ def _layout(
     replica: ShardedReplica, group: Group, store: Any, key_prefix: str, heal: HealPlan
 ) -> tuple[list[Entry], dict[str, Any]]:
     key = f"{key_prefix}/g{group.generation}/sharded-layout"
-    if group.rank == heal.source:
-        store.set(
-            key, json.dumps({"entries": [e.to_json() for e in replica.entries()], "small": replica.small_state()})
-        )
-    published = json.loads(run_interruptibly(lambda: store.get(key), group.interrupt, "sharded state layout"))
-    return [Entry.from_json(e) for e in published["entries"]], published["small"]
+    if group.rank == heal.source:  # a failed store call fails the generation, as in the replicated sync
+        published = json.dumps({"entries": [e.to_json() for e in replica.entries()], "small": replica.small_state()})
+        run_interruptibly(lambda: store.set(key, published), group.interrupt, "sharded state layout")
+    layout = json.loads(run_interruptibly(lambda: store.get(key), group.interrupt, "sharded state layout"))
+    return [Entry.from_json(e) for e in layout["entries"]], layout["small"]
 
 
 def _install(
