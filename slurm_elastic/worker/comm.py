@@ -8,6 +8,7 @@ completion of the abandoned work could still write into them.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import datetime
 import os
@@ -98,7 +99,16 @@ class Reaper:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="se-reaper", daemon=True)
                 self._thread.start()
+                atexit.register(self.release_all)
             self._cond.notify()
+
+    def release_all(self) -> None:
+        """At exit: release the groups still held now, while the interpreter is whole. Left to the end of
+        finalization, a gloo group's destructor ran with its threads still joinable and the process aborted
+        ("terminate called without an active exception", exit code 134) after an ordinary end."""
+        with self._cond:
+            held, self._held = self._held, []
+        del held
 
     def holding(self) -> int:
         """Groups not yet released (or being released right now)."""
@@ -233,6 +243,23 @@ class Group:
         except RuntimeError as exc:  # e.g. NCCL refuses to start on an aborted communicator
             raise CollectiveFailed(f"allreduce could not start: {exc}") from exc
         return lambda: _wait_work(work, self.interrupt, "allreduce")
+
+    def launch_all_gather(self, output: torch.Tensor, tensor: torch.Tensor) -> Callable[[], None]:
+        """Start gathering every rank's `tensor` into `output` (rank order, concatenated); returns the wait."""
+        return self._launch(lambda: self.pg._allgather_base(output, tensor), "all-gather")
+
+    def launch_reduce_scatter(self, output: torch.Tensor, tensor: torch.Tensor) -> Callable[[], None]:
+        """Start summing `tensor` over the ranks and keeping this rank's slice in `output`; returns the wait."""
+        return self._launch(lambda: self.pg._reduce_scatter_base(output, tensor), "reduce-scatter")
+
+    def _launch(self, start: Callable[[], Any], what: str) -> Callable[[], None]:
+        if self.pg is None:
+            return lambda: None
+        try:
+            work = start()
+        except RuntimeError as exc:
+            raise CollectiveFailed(f"{what} could not start: {exc}") from exc
+        return lambda: _wait_work(work, self.interrupt, what)
 
     def allgather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
         if self.pg is None:
