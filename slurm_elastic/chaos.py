@@ -169,18 +169,28 @@ def run_chaos(
             job.stop()
         if not result.ok:
             raise ElasticError(f"chaos: the job {result.phase}: {result.reason}")
-        expected = reference(data, steps, out / "reference.pt", reduce_dtype)
-        ledger = analyze(out / "ledger")
-        diff = max_param_rel_diff(torch.load(model), expected)
-        lost = sum(int(e.get("lost_committed_steps", 0)) for e in ready) + sum(e["replayed_steps"] for e in fallbacks)
+        summary = verdict(data, steps, model, out, reduce_dtype, ready + fallbacks)
         struck = fired(plan, in_job)
+    faults_fired = [
+        {"step": f.step, "kind": f.kind, "node": f.node, "phase": f.phase, "fired": hit}
+        for f, hit in zip(plan, struck, strict=True)
+    ]
+    return {"seed": seed, "faults": faults_fired, **summary, "elapsed_s": round(time.monotonic() - started, 1)}
+
+
+def verdict(
+    data: Path, steps: int, model: Path, out: Path, reduce_dtype: str, events: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """The chaos run's verdict against an uninterrupted run: the model saved at `model`, the ledger under
+    `out/ledger`, and the job's `generation_ready` and `checkpoint_fallback` events (the steps lost)."""
+    expected = reference(data, steps, out / "reference.pt", reduce_dtype)
+    ledger = analyze(out / "ledger")
+    diff = max_param_rel_diff(torch.load(model), expected)
+    ready = [e for e in events if e["event"] == "generation_ready"]
+    lost = sum(int(e.get("lost_committed_steps", 0)) for e in ready)
+    lost += sum(int(e["replayed_steps"]) for e in events if e["event"] == "checkpoint_fallback")
     bound = tolerance(reduce_dtype, steps)
-    summary = {
-        "seed": seed,
-        "faults": [
-            {"step": f.step, "kind": f.kind, "node": f.node, "phase": f.phase, "fired": hit}
-            for f, hit in zip(plan, struck, strict=True)
-        ],
+    return {
         "steps": ledger.committed_steps,
         "generations": len(ready),
         "lost_committed_steps": lost,
@@ -190,6 +200,4 @@ def run_chaos(
         "tolerance": bound,
         "reduce_dtype": reduce_dtype,
         "ok": lost == 0 and ledger.duplicate_samples == 0 == ledger.skipped_samples and diff <= bound,
-        "elapsed_s": round(time.monotonic() - started, 1),
     }
-    return summary

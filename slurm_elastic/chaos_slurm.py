@@ -24,16 +24,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from slurm_elastic.chaos import PAUSE_S, command, fault_plan, fired, reference
+from slurm_elastic.chaos import PAUSE_S, command, fault_plan, fired, verdict
 from slurm_elastic.decide.chaos import ChaosFault, plan_slurm_chaos, steps_needed
 from slurm_elastic.devcluster import LocalCluster
 from slurm_elastic.errors import ElasticError
 from slurm_elastic.events import EventsFile
 from slurm_elastic.launch.slurm import satellite_name
-from slurm_elastic.ledger import analyze
-from slurm_elastic.metrics import max_param_rel_diff, tolerance
 from slurm_elastic.slurm import CliBackend
 from slurm_elastic.workload import corpus
 
@@ -332,26 +328,10 @@ def _run(
     if final.state != "COMPLETED" or not model.exists():
         raise ElasticError(f"chaos: the job ended {final.state}; output:\n{job.output()[-3000:]}")
     struck = fired(plan, in_job)
-    ready = job.events("generation_ready")
-    lost = sum(int(e.get("lost_committed_steps", 0)) for e in ready)
-    lost += sum(e["replayed_steps"] for e in job.events("checkpoint_fallback"))
-    ledger = analyze(root / "ledger")
-    diff = max_param_rel_diff(torch.load(model), reference(data, steps, root / "reference.pt", reduce_dtype))
-    bound = tolerance(reduce_dtype, steps)
-    return {
-        "slurm": True,
-        "faults": [
-            {"step": f.step, "kind": f.kind, "node": node, "phase": f.phase, "fired": hit}
-            for f, node, hit in zip(plan, runner.hit, struck, strict=True)
-        ],
-        "joins": len(runner.joins),
-        "steps": ledger.committed_steps,
-        "generations": len(ready),
-        "lost_committed_steps": lost,
-        "duplicate_samples": ledger.duplicate_samples,
-        "skipped_samples": ledger.skipped_samples,
-        "max_param_rel_diff": diff,
-        "tolerance": bound,
-        "reduce_dtype": reduce_dtype,
-        "ok": lost == 0 and ledger.duplicate_samples == 0 == ledger.skipped_samples and diff <= bound,
-    }
+    events = job.events("generation_ready") + job.events("checkpoint_fallback")
+    faults_fired = [
+        {"step": f.step, "kind": f.kind, "node": node, "phase": f.phase, "fired": hit}
+        for f, node, hit in zip(plan, runner.hit, struck, strict=True)
+    ]
+    summary = verdict(data, steps, model, root, reduce_dtype, events)
+    return {"slurm": True, "faults": faults_fired, "joins": len(runner.joins), **summary}
