@@ -8,7 +8,6 @@ completion of the abandoned work could still write into them.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import datetime
 import os
@@ -99,16 +98,7 @@ class Reaper:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="se-reaper", daemon=True)
                 self._thread.start()
-                atexit.register(self.release_all)
             self._cond.notify()
-
-    def release_all(self) -> None:
-        """At exit: release the groups still held now, while the interpreter is whole. Left to the end of
-        finalization, a gloo group's destructor ran with its threads still joinable and the process aborted
-        ("terminate called without an active exception", exit code 134) after an ordinary end."""
-        with self._cond:
-            held, self._held = self._held, []
-        del held
 
     def holding(self) -> int:
         """Groups not yet released (or being released right now)."""
