@@ -12,6 +12,7 @@ and its group is abandoned, with nothing said first.
 
 from __future__ import annotations
 
+import atexit
 import threading
 import time
 from collections.abc import Callable
@@ -25,10 +26,14 @@ from slurm_elastic.coordinator import CoordinatorThread
 from slurm_elastic.coordinator.config import CoordinatorConfig
 from slurm_elastic.faults import FaultInjector, FaultPlan
 from slurm_elastic.wire.channel import new_secret
-from slurm_elastic.worker.comm import CollectiveFailed, Group, Interrupt
+from slurm_elastic.worker.comm import REAPER, CollectiveFailed, Group, Interrupt
 from slurm_elastic.worker.control import ControlClient, Identity
 from slurm_elastic.worker.env import WorkerEnv
 from slurm_elastic.worker.ports import Control, Ports
+
+# Ranks as threads: the groups they abandoned are released before the interpreter's finalization (see
+# Reaper.release_all).
+atexit.register(REAPER.release_all)
 
 
 class RankDied(BaseException):
