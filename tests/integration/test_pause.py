@@ -25,11 +25,22 @@ from .test_inthread import trainer
 pytestmark = [pytest.mark.multiproc, pytest.mark.timeout(300)]
 
 
-def freeze(job_coordinator: object, seconds: float) -> threading.Thread:
-    """Block the coordinator's event loop, as if its host stopped answering (nothing is closed)."""
-    thread = threading.Thread(target=job_coordinator.call, args=(time.sleep, seconds), daemon=True)  # type: ignore[attr-defined]
-    thread.start()
-    return thread
+class Frozen:
+    """The coordinator's event loop blocked, as if its host stopped answering (nothing is closed), for up to
+    `seconds` or until `thaw()`: a long bound keeps a loaded machine from thawing it before the clients
+    gave up, and the test need not wait it out."""
+
+    def __init__(self, job_coordinator: object, seconds: float) -> None:
+        self._thaw = threading.Event()
+        self._thread = threading.Thread(target=job_coordinator.call, args=(self._thaw.wait, seconds), daemon=True)  # type: ignore[attr-defined]
+        self._thread.start()
+
+    def is_alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def thaw(self) -> None:
+        self._thaw.set()
+        self._thread.join()
 
 
 def test_workers_notice_a_silent_coordinator_within_leases() -> None:
@@ -38,10 +49,10 @@ def test_workers_notice_a_silent_coordinator_within_leases() -> None:
     ).start()  # 400 steps of 0.05 s: still training when the coordinator falls silent
     try:
         job.wait_step(2)
-        frozen = freeze(job.coordinator, 8.0)
-        results = job.join(timeout=60)
+        frozen = Frozen(job.coordinator, 60.0)
+        results = job.join(timeout=50)
         assert frozen.is_alive(), "every rank gave up before the coordinator answered again"
-        frozen.join()
+        frozen.thaw()
     finally:
         job.stop()
     assert {(r.ending, r.code) for r in results.values()} == {("coordinator_lost", decide.EXIT_COORDINATOR_LOST)}
@@ -72,12 +83,13 @@ def test_agents_notice_a_silent_coordinator_within_leases(corpus: Path, tmp_path
     try:
         job.wait_until(lambda v: v.last_step >= 2, timeout=120)
         assert job.coordinator is not None
-        frozen = freeze(job.coordinator, 15.0)
+        frozen = Frozen(job.coordinator, 60.0)
+        deadline = time.monotonic() + 50  # a lease is 2 s; an agent then stops its workers (10 s grace)
         for proc in job.agents.values():
-            proc.wait(timeout=14)
+            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
         assert frozen.is_alive(), "every agent gave up before the coordinator answered again"
         assert {proc.returncode for proc in job.agents.values()} == {1}
-        frozen.join()
+        frozen.thaw()
     finally:
         job.stop()
 
