@@ -23,6 +23,7 @@ import structlog
 
 from slurm_elastic.decide.failures import restart_decision
 from slurm_elastic.decide.health import stalled_for
+from slurm_elastic.decide.worker import EXIT_COORDINATOR_LOST
 from slurm_elastic.errors import ElasticError, InvalidMessage
 from slurm_elastic.lineage import become_subreaper, die_with_parent, kill_adopted, reap_adopted
 from slurm_elastic.nodecache import remove_job_cache
@@ -158,6 +159,10 @@ class Agent:
         """Under the lock: one worker process ended; report it and decide on a restart."""
         wid = self.worker_id(slot)
         delay = 0.0
+        if returncode == EXIT_COORDINATOR_LOST and not slot.expected_exit:
+            # The worker found the coordinator silent first: the same coordinator, the same verdict (and a
+            # restart would only wait for it again).
+            self._coordinator_lost = True
         if slot.expected_exit:
             restart, reason = not self._stopping(), "restarted on request"
         else:
