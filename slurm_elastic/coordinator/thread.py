@@ -26,13 +26,27 @@ class CoordinatorThread:
     def _run(self) -> None:
         asyncio.set_event_loop(self._loop)
         try:
-            self._loop.run_until_complete(self.coordinator.start())
-        except BaseException as exc:
-            self._error = exc
-            self._ready.set()
-            return
-        self._ready.set()
-        self._loop.run_forever()
+            try:
+                self._loop.run_until_complete(self.coordinator.start())
+            except BaseException as exc:
+                self._error = exc
+                return
+            finally:
+                self._ready.set()
+            self._loop.run_forever()
+        finally:
+            self._close_loop()
+
+    def _close_loop(self) -> None:
+        """Let the loop's remaining tasks see their cancellation, then close it: a loop left open is reported
+        (ResourceWarning, its self-pipe sockets) whenever the garbage collector finds it, in whatever code runs."""
+        tasks = asyncio.all_tasks(self._loop)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            self._loop.run_until_complete(asyncio.wait(tasks, timeout=5))
+        self._loop.run_until_complete(self._loop.shutdown_asyncgens())
+        self._loop.close()
 
     def start(self) -> CoordinatorThread:
         self._thread.start()
