@@ -29,6 +29,7 @@ class JobConfig(BaseModel):
     rendezvous_timeout_s: float = Field(default=300.0, gt=0)
     pg_timeout_s: float = Field(default=60.0, gt=0)
     max_restarts: int = Field(default=3, ge=0)
+    max_relaunches: int = Field(default=3, ge=0)  # Slurm: new agents in a row on a node that came back
     max_identical_failures: int = Field(default=3, ge=1)
     recovery: Literal["in_process", "restart", "requeue"] = "in_process"
     backend: Literal["auto", "gloo", "nccl"] = "auto"

@@ -1,5 +1,6 @@
-"""Decisions of the launcher inside a Slurm allocation: which Slurm node states become drains, and how
-many satellite jobs to submit so that `keep_pending` of them wait in the queue."""
+"""Decisions of the launcher inside a Slurm allocation: which Slurm node states become drains, how many
+satellite jobs to submit so that `keep_pending` of them wait in the queue, and which nodes that came back
+get a new agent."""
 
 from __future__ import annotations
 
@@ -45,25 +46,40 @@ def satellites_to_submit(pending: int, keep_pending: int, limit: int = 64) -> in
     return max(0, min(keep_pending - pending, limit))
 
 
-def nodes_to_relaunch(
+@dataclass(frozen=True)
+class Relaunches:
+    start: list[str]  # start a new agent there now
+    give_up: list[str]  # `max_tries` new agents in a row never came back: no more (reported once)
+
+
+def relaunches(
     allocation: Iterable[NodeInfo],
     *,
     had_agent: set[str],
     have_agent: set[str],
-    drained: set[str],
-    last_try: Mapping[str, float],
+    excluded: set[str],
+    starting: set[str],
+    tries: Mapping[str, tuple[int, float]],
     now: float,
     retry_s: float,
-) -> list[str]:
-    """Nodes of the job's own allocation whose agent was lost (not drained on purpose) and that Slurm shows
-    healthy again, e.g. a node whose slurmd came back: start a new agent there, at most every `retry_s`."""
-    out = []
+    max_tries: int,
+) -> Relaunches:
+    """Nodes of the job's own allocation whose agent was lost and that Slurm shows healthy again (e.g. a
+    node whose slurmd came back) get a new agent, at most every `retry_s`. `excluded`: drained on purpose or
+    given up; `starting`: a new agent still starting there; `tries`: per node, new agents started in a row
+    without one registering, and when the last was. A node that would need more than `max_tries` is given up,
+    as a node whose workers keep crashing is: without a bound, a node where no agent can start is retried
+    for as long as the job runs."""
+    start: list[str] = []
+    give_up: list[str] = []
     for node in allocation:
         name = node.name
-        if name in have_agent or name not in had_agent or name in drained:
+        if name in have_agent or name not in had_agent or name in excluded or name in starting:
             continue
-        if node.down or node.drain or "FAIL" in node.flags or node.state == "FAIL":
+        if _failed(node) or node.drain:
             continue
-        if now - last_try.get(name, -retry_s) >= retry_s:
-            out.append(name)
-    return out
+        count, last = tries.get(name, (0, now - retry_s))
+        if now - last < retry_s:
+            continue
+        (start if count < max_tries else give_up).append(name)
+    return Relaunches(start, give_up)

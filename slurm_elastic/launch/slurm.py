@@ -31,11 +31,11 @@ from slurm_elastic.commands.common import fail, job_config
 from slurm_elastic.config import JobConfig, training_env
 from slurm_elastic.coordinator import CoordinatorThread
 from slurm_elastic.coordinator.config import coordinator_config
-from slurm_elastic.decide.slurm_watch import back_in_service, drains_for, nodes_to_relaunch, satellites_to_submit
+from slurm_elastic.decide.slurm_watch import back_in_service, drains_for, relaunches, satellites_to_submit
 from slurm_elastic.errors import ElasticError, SlurmError
 from slurm_elastic.jobdir import JobHandle, LaunchInfo, hook_comment, job_dir
 from slurm_elastic.logs import configure_logging
-from slurm_elastic.slurm import SlurmBackend, get_backend, srun_argv
+from slurm_elastic.slurm import NodeInfo, SlurmBackend, get_backend, srun_argv
 from slurm_elastic.wire.channel import new_secret
 
 log = structlog.get_logger("slurm_elastic.launch")
@@ -62,6 +62,8 @@ def _advertised_host(config: JobConfig) -> str:
 
 
 class SlurmLaunch:
+    relaunch_retry_s = 15.0  # between new agents on a node that came back (one may take seconds to register)
+
     def __init__(self, config: JobConfig, command: list[str], backend: SlurmBackend, slurm_job: str) -> None:
         self.config = config
         self.command = command
@@ -74,8 +76,9 @@ class SlurmLaunch:
         self.coordinator: CoordinatorThread | None = None
         self._notified: set[str] = set()
         self._had_agent: set[str] = set()
-        self._relaunched: dict[str, float] = {}
-        self._steps: list[subprocess.Popen[bytes]] = []  # agents started again on nodes that came back
+        self._tries: dict[str, tuple[int, float]] = {}  # per node: new agents in a row, and when the last
+        self._given_up: set[str] = set()
+        self._steps: dict[str, subprocess.Popen[bytes]] = {}  # the newest agent started again per node
 
     def live_nodes(self) -> tuple[list[str], int]:
         """The job's nodes as Slurm sees them now, and its number of heterogeneous components (1: none)."""
@@ -187,17 +190,33 @@ class SlurmLaunch:
         for drain in drains_for(states, members, self._notified):
             self._notified.add(drain.node)
             self.coordinator.drain([drain.node], drain.mode, drain.reason)
-        ours = [n for n in states if n.name in allocation]
+        self._relaunch([n for n in states if n.name in allocation], members, drained)
+
+    def _relaunch(self, ours: list[NodeInfo], members: set[str], drained: set[str]) -> None:
+        assert self.coordinator is not None
+        events = self.coordinator.coordinator.events
+        for node in members:
+            self._tries.pop(node, None)  # its agent is back: a new run of tries
         now = time.monotonic()
-        for node in nodes_to_relaunch(
-            ours, had_agent=self._had_agent, have_agent=members, drained=drained | self._notified,
-            last_try=self._relaunched, now=now, retry_s=15.0,
-        ):  # fmt: skip
-            self._relaunched[node] = now
-            log.info("agent_relaunched", node=node, slurm_job=self.slurm_job)
+        plan = relaunches(
+            ours, had_agent=self._had_agent, have_agent=members, excluded=drained | self._notified | self._given_up,
+            starting={n for n, step in self._steps.items() if step.poll() is None}, tries=self._tries, now=now,
+            retry_s=self.relaunch_retry_s, max_tries=self.config.max_relaunches,
+        )  # fmt: skip
+        for node in plan.give_up:
+            self._given_up.add(node)
+            reason = f"{self.config.max_relaunches} new agents in a row did not register"
+            events.emit("agent_relaunch_given_up", node=node, slurm_job=self.slurm_job, reason=reason)
+        for node in plan.start:
+            attempt = self._tries.get(node, (0, now))[0] + 1
+            self._tries[node] = (attempt, now)
             argv = srun_argv(self._agent_argv, nodes=1, nodelist=[node], extra=("--overlap", "--ntasks=1"))
-            self._steps = [step for step in self._steps if step.poll() is None]  # ended ones are forgotten
-            self._steps.append(subprocess.Popen(argv, env=self._agent_env))
+            try:
+                self._steps[node] = subprocess.Popen(argv, env=self._agent_env)
+            except OSError as exc:
+                log.warning("agent_relaunch_failed", node=node, error=str(exc))
+                continue
+            events.emit("agent_relaunched", node=node, slurm_job=self.slurm_job, attempt=attempt)
 
     def _keep_pool(self) -> None:
         assert self.coordinator is not None
@@ -222,7 +241,7 @@ class SlurmLaunch:
         return failed
 
     def finish(self, phase: str) -> None:
-        for step in self._steps:
+        for step in self._steps.values():
             if step.poll() is None:
                 step.terminate()
         if self.srun is not None and self.srun.poll() is None:

@@ -79,19 +79,3 @@ def test_satellite_pool_keeps_the_number_pending() -> None:
     assert satellites_to_submit(pending=2, keep_pending=3) == 1
     assert satellites_to_submit(pending=5, keep_pending=3) == 0
     assert satellites_to_submit(pending=0, keep_pending=500, limit=64) == 64
-
-
-def test_a_node_that_came_back_gets_an_agent_again_unless_it_was_drained() -> None:
-    from slurm_elastic.decide.slurm_watch import nodes_to_relaunch
-
-    allocation = [node("n1", "ALLOCATED"), node("n2", "ALLOCATED"), node("n3", "ALLOCATED"), node("n4", "DOWN")]
-    kwargs = {
-        "had_agent": {"n1", "n2", "n3", "n4"},
-        "have_agent": {"n1"},
-        "last_try": {},
-        "now": 100.0,
-        "retry_s": 15.0,
-    }
-    assert nodes_to_relaunch(allocation, drained={"n3"}, **kwargs) == ["n2"]  # n3 drained, n4 still down
-    assert nodes_to_relaunch(allocation, drained=set(), **{**kwargs, "last_try": {"n2": 90.0}}) == ["n3"]
-    assert nodes_to_relaunch(allocation, drained=set(), **{**kwargs, "had_agent": {"n1"}}) == []  # never had one
