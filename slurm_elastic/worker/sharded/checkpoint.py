@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import enum
 import io
 import json
 import os
@@ -45,8 +46,24 @@ _ALLOWED = {
 }
 
 
+def _enum_member(cls: Any, name: str) -> Any:
+    """`getattr` as a pickle may call it: only for a member of an enum of DCP's metadata. Python 3.11.2
+    pickles such members by name (`getattr(_MEM_FORMAT_ENCODING, "TORCH_CONTIGUOUS_FORMAT")`), 3.11.7 by
+    value."""
+    if (
+        isinstance(cls, type)
+        and issubclass(cls, enum.Enum)
+        and cls.__module__ == "torch.distributed.checkpoint.metadata"
+        and name in cls.__members__
+    ):
+        return cls[name]
+    raise pickle.UnpicklingError(f"refusing getattr({cls!r}, {name!r}) in a checkpoint's metadata")
+
+
 class _MetadataUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
+        if (module, name) == ("builtins", "getattr"):
+            return _enum_member
         if module == "torch.distributed.checkpoint.metadata" or (module, name) in _ALLOWED:
             return super().find_class(module, name)
         if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
