@@ -155,6 +155,8 @@ def check_root_tree(path: str, limit: int = 5) -> list[str]:
         return [str(exc) if isinstance(exc, UnsafePath) else f"{path}: {exc.strerror}"]
     found = []
     for entry, st in _walk(path):
+        if stat.S_ISSOCK(st.st_mode):
+            continue  # a socket cannot be opened, so never imported (a dev cluster's spool in a source tree)
         if stat.S_ISLNK(st.st_mode):  # a link's own mode means nothing; who may replace it does
             why = None if st.st_uid == 0 else f"a symbolic link of uid {st.st_uid}, not root's"
         else:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import stat
 from pathlib import Path
 
@@ -83,6 +84,9 @@ def test_files_and_trees_root_executes(tmp_path: Path) -> None:
     (tree / "pkg").mkdir(parents=True)
     (tree / "pkg" / "mod.py").write_text("")
     (tree / "link").symlink_to("/etc")
+    with socket.socket(socket.AF_UNIX) as listening:  # a step's socket, as a dev cluster's spool holds
+        listening.bind(str(tree / "pkg" / "n1_7.0"))
+    (tree / "pkg" / "n1_7.0").chmod(0o777)
     assert check_root_tree(str(tree)) == [] and check_root_file(str(tree / "pkg" / "mod.py")) is None
     assert check_root_tree(str(tmp_path / "absent")) == []
     (tree / "pkg" / "mod.py").chmod(0o664)

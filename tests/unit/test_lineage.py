@@ -48,6 +48,15 @@ def helper(tmp_path: Path, body: str) -> tuple[subprocess.Popen[str], list[int]]
     return proc, pids
 
 
+def end(proc: subprocess.Popen[str]) -> None:
+    """Stop the helper if it still runs and close its pipes (an open pipe is reported as a leak)."""
+    proc.kill()
+    proc.wait(10)
+    for pipe in (proc.stdin, proc.stdout):
+        if pipe is not None:
+            pipe.close()
+
+
 def test_a_worker_dies_with_its_agent(tmp_path: Path) -> None:
     agent, (worker,) = helper(
         tmp_path,
@@ -67,6 +76,7 @@ def test_a_worker_dies_with_its_agent(tmp_path: Path) -> None:
     finally:
         if alive(worker):
             os.kill(worker, signal.SIGKILL)
+        end(agent)
 
 
 def test_an_orphan_comes_back_to_the_agent_and_is_ended_and_reaped(tmp_path: Path) -> None:
@@ -100,7 +110,7 @@ def test_an_orphan_comes_back_to_the_agent_and_is_ended_and_reaped(tmp_path: Pat
     finally:
         if alive(orphan):
             os.kill(orphan, signal.SIGKILL)
-        agent.kill()
+        end(agent)
 
 
 def test_reap_leaves_the_workers_to_their_watchers(tmp_path: Path) -> None:
@@ -115,5 +125,8 @@ def test_reap_leaves_the_workers_to_their_watchers(tmp_path: Path) -> None:
         print(worker.wait(), flush=True)
         """,
     )
-    assert status == 7
-    agent.wait(10)
+    try:
+        assert status == 7
+        agent.wait(10)
+    finally:
+        end(agent)
