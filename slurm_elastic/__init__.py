@@ -14,6 +14,7 @@ __all__ = [
     "Step",
     "UsageError",
     "__version__",
+    "placeholder_mesh",
     "read_model_state",
 ]
 
@@ -21,12 +22,12 @@ from slurm_elastic.errors import ElasticError, UsageError
 
 if TYPE_CHECKING:
     from slurm_elastic.faults import FaultPlan
-    from slurm_elastic.worker import ElasticJob, ElasticLoader, Step, read_model_state
+    from slurm_elastic.worker import ElasticJob, ElasticLoader, Step, placeholder_mesh, read_model_state
 
 
 def __getattr__(name: str) -> Any:
     # Lazy: the agent and command-line tools import this package without paying for torch.
-    if name in ("ElasticJob", "ElasticLoader", "Step", "read_model_state"):
+    if name in ("ElasticJob", "ElasticLoader", "Step", "placeholder_mesh", "read_model_state"):
         from slurm_elastic import worker
 
         return getattr(worker, name)

@@ -39,6 +39,11 @@ class JobFailed(ElasticError):
     """The training job stopped for good (for example after repeated identical failures)."""
 
 
+class StateLost(ElasticError):
+    """Some of the training state has no live, trusted holder (both holders of a shard lost): the job must
+    resume from its disaster-recovery checkpoint."""
+
+
 class UsageError(ElasticError):
     """The training script used ElasticJob in a way it does not support (the message says what is valid).
     Raised where the misuse happens; a worker that hits one exits non-zero and the job fails."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
@@ -21,8 +22,10 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from slurm_elastic.errors import ConfigError
 
-FaultPhase = Literal["forward", "backward", "bucket", "allreduce", "optimizer", "commit", "recovery", "transfer"]
-FaultAction = Literal["kill", "kill_node", "stop", "raise"]
+FaultPhase = Literal[
+    "forward", "backward", "bucket", "reduce_scatter", "allreduce", "optimizer", "commit", "recovery", "transfer"
+]
+FaultAction = Literal["kill", "kill_node", "stop", "raise", "corrupt"]
 ENV_VAR = "SLURM_ELASTIC_FAULTS"
 FIRED_ENV_VAR = "SLURM_ELASTIC_FAULTS_FIRED"
 
@@ -78,6 +81,11 @@ class FaultPlan:
         """Raise an ordinary exception, as a bug in the user's code would."""
         return self.add(node=node, step=step, phase=phase, local_rank=local_rank, action="raise")
 
+    def corrupt(self, node: str, step: int, local_rank: int = 0) -> FaultPlan:
+        """Flip bits in the worker's own copy of its shard when the first generation forms before step `step`
+        or a later one (after its digest was taken at the last commit: a sharded job's bad memory)."""
+        return self.add(node=node, step=step, phase="recovery", local_rank=local_rank, action="corrupt", after=True)
+
     def to_env(self) -> dict[str, str]:
         if not self.faults:
             return {}
@@ -104,6 +112,7 @@ class FaultInjector:
     """Worker side: fires this worker's faults at their step and phase."""
 
     def __init__(self, plan: FaultPlan, node: str, local_rank: int, incarnation: int) -> None:
+        self.corrupt: Callable[[], None] | None = None  # what a "corrupt" fault does (set by the training job)
         self._fired_dir = plan.fired_dir
         self._pending = [
             (i, f)
@@ -138,9 +147,12 @@ class FaultInjector:
             pass  # no record: fire anyway (the fault is what the plan asked for)
         return True
 
-    @staticmethod
-    def _fire(fault: Fault) -> None:
-        if fault.action == "kill":
+    def _fire(self, fault: Fault) -> None:
+        if fault.action == "corrupt":
+            if self.corrupt is None:
+                raise InjectedFault(f"corrupt fault at step {fault.step}: this job holds no shard to corrupt")
+            self.corrupt()
+        elif fault.action == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
         elif fault.action == "kill_node":
             os.killpg(os.getpgrp(), signal.SIGKILL)

@@ -5,12 +5,15 @@ of a step; MTTR runs from the kill to the commit of the step after the last one 
 baseline restarts every worker process (interpreter, torch import, process group), loads the latest disk
 checkpoint (written every `checkpoint_every` steps) and replays the steps lost since, as torchrun-style
 recovery does. After each recovery a replacement node joins, so every kill meets the same world size.
+`workload="fsdp"`: the same char-LM model sharded by FSDP2 (`steploop.py --mode elastic_fsdp`), healed from
+peers' mirrored shards, against the same job restarted from its sharded checkpoint.
 """
 
 from __future__ import annotations
 
 import itertools
 import random
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -25,6 +28,7 @@ from slurm_elastic.metrics import median, recovery_after
 from slurm_elastic.workload import corpus, train_command
 
 Mode = Literal["in_process", "restart"]
+Workload = Literal["ddp", "fsdp"]
 
 
 @dataclass(frozen=True)
@@ -35,6 +39,7 @@ class MttrPlan:
     steps_between: int = 12
     checkpoint_every: int = 10
     seed: int = 0
+    workload: Workload = "ddp"
 
 
 @dataclass
@@ -62,6 +67,13 @@ def _step_time(view: PublicView) -> float:
     return median(gaps) or 0.05
 
 
+def _command(plan: MttrPlan, data: Path, out: Path) -> list[str]:
+    if plan.workload == "ddp":
+        return train_command(data, 1_000_000)
+    args = ["--mode", "elastic_fsdp", "--data", str(data), "--out", str(out / "loop"), "--steps", "1000000"]
+    return [sys.executable, "-m", "slurm_elastic.bench.steploop", *args]
+
+
 def measure(mode: Mode, plan: MttrPlan, data: Path, out: Path, log: Callable[[str], None]) -> ModeResult:
     rng = random.Random(plan.seed)
     config = JobConfig(
@@ -74,7 +86,7 @@ def measure(mode: Mode, plan: MttrPlan, data: Path, out: Path, log: Callable[[st
         checkpoint_dir=out / "checkpoints" if mode == "restart" else None,
         checkpoint_every=plan.checkpoint_every if mode == "restart" else 0,
     )
-    job = LocalJob(train_command(data, 1_000_000), config, log_dir=out / "logs", root=out).start()
+    job = LocalJob(_command(plan, data, out), config, log_dir=out / "logs", root=out).start()
     result = ModeResult(mode)
     kills: list[float] = []
     try:
@@ -118,7 +130,12 @@ def run(plan: MttrPlan, log: Callable[[str], None]) -> dict[str, Any]:
     return {
         "nodes": plan.nodes,
         "kills": plan.kills,
-        "workload": "examples/train_char_lm.py, global batch 32, 4 micro-batches of 8 x 64 characters",
+        "workload": (
+            "examples/train_char_lm.py, global batch 32, 4 micro-batches of 8 x 64 characters"
+            if plan.workload == "ddp"
+            else "the char-LM model sharded by FSDP2 (bench/steploop.py --mode elastic_fsdp), global batch 32"
+        ),
+        "mode": plan.workload,
         "step_time_s": round(elastic.step_time_s or 0.0, 4),
         "checkpoint_every": plan.checkpoint_every,
         "elastic_mttr_s": [round(x, 4) for x in elastic.mttr_s],

@@ -2,10 +2,12 @@
 
 The same workload (`steploop.py`: the char-LM example's model, the same global batch and micro-batch)
 runs on 4 local ranks as (a) plain DDP under torchrun, (b) ElasticJob summing in float32 and (c) in
-float64 (exact mode), each as a separate job, at three model sizes. Each job reports the time every step
-starts on rank 0 and every rank's peak resident memory; the steady-state step time is the median gap
-between step starts after the first `warmup` steps. Modes alternate within each size (a, b, c, then
-again) so that a slow moment of the machine falls on all of them; ratios come from this one run.
+float64 (exact mode), and with the model sharded by FSDP2 as (d) plain FSDP2 under torchrun and (e)
+ElasticJob with its second holder of every shard (docs/fsdp.md), each as a separate job, at three model
+sizes. Each job reports the time every step starts on rank 0 and every rank's peak resident memory (and,
+sharded, its optimizer state's bytes); the steady-state step time is the median gap between step starts
+after the first `warmup` steps. Modes alternate within each size (a to e, then again) so that a slow
+moment of the machine falls on all of them; ratios come from this one run.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from slurm_elastic.launch.local import LocalJob
 from slurm_elastic.metrics import median
 from slurm_elastic.workload import corpus
 
-MODES = ("ddp", "float32", "float64")
+MODES = ("ddp", "float32", "float64", "fsdp", "elastic_fsdp")
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,7 @@ class Run:
     step_s: float
     peak_rss_mb: float  # the largest of the ranks
     params: int
+    opt_fraction: float | None = None  # the largest rank's optimizer state over the full state (sharded modes)
 
 
 def _loop_args(plan: OverheadPlan, size: Size, data: Path, out: Path, mode: str) -> list[str]:
@@ -75,13 +78,15 @@ def _collect(out: Path, plan: OverheadPlan) -> Run:
     step_s = median(gaps)
     if step_s is None:
         raise ElasticError(f"bench overhead: no steady-state steps in {out} (steps <= warmup {plan.warmup})")
-    return Run(step_s, max(r["peak_rss_mb"] for r in records), records[0]["params"])
+    full = max(r.get("opt_full_bytes", 0) for r in records)
+    fraction = max(r["opt_bytes"] for r in records) / full if full else None
+    return Run(step_s, max(r["peak_rss_mb"] for r in records), records[0]["params"], fraction)
 
 
-def _run_ddp(plan: OverheadPlan, size: Size, data: Path, out: Path) -> Run:
+def _run_torchrun(plan: OverheadPlan, size: Size, data: Path, out: Path, mode: str) -> Run:
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={plan.ranks}",
-        *_loop_args(plan, size, data, out, "ddp"),
+        *_loop_args(plan, size, data, out, mode),
     ]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
@@ -90,14 +95,14 @@ def _run_ddp(plan: OverheadPlan, size: Size, data: Path, out: Path) -> Run:
     return _collect(out, plan)
 
 
-def _run_elastic(plan: OverheadPlan, size: Size, data: Path, out: Path, dtype: str) -> Run:
+def _run_elastic(plan: OverheadPlan, size: Size, data: Path, out: Path, dtype: str, mode: str = "elastic") -> Run:
     config = JobConfig(
         nodes=plan.ranks,
         max_restarts=0,
         progress_interval_s=1e9,
         reduce_dtype=dtype,
     )
-    job = LocalJob([sys.executable, *_loop_args(plan, size, data, out, "elastic")], config, root=out).start()
+    job = LocalJob([sys.executable, *_loop_args(plan, size, data, out, mode)], config, root=out).start()
     try:
         result = job.wait(timeout=1800)
     finally:
@@ -112,7 +117,16 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 
 
 def _measure(plan: OverheadPlan, size: Size, data: Path, out: Path, mode: str) -> Run:
-    return _run_ddp(plan, size, data, out) if mode == "ddp" else _run_elastic(plan, size, data, out, mode)
+    if mode in ("ddp", "fsdp"):
+        return _run_torchrun(plan, size, data, out, mode)
+    if mode == "elastic_fsdp":
+        return _run_elastic(plan, size, data, out, "float32", mode)
+    return _run_elastic(plan, size, data, out, mode)
+
+
+def _fraction(runs: list[Run]) -> float | None:
+    found = [r.opt_fraction for r in runs if r.opt_fraction is not None]
+    return round(max(found), 4) if found else None
 
 
 def _summary(size: Size, runs: dict[str, list[Run]]) -> dict[str, Any]:
@@ -133,9 +147,17 @@ def _summary(size: Size, runs: dict[str, list[Run]]) -> dict[str, Any]:
         "exact_peak_rss_mb": rss["float64"],
         "rss_ratio_fast": _ratio(rss["float32"], rss["ddp"]),
         "rss_ratio_exact": _ratio(rss["float64"], rss["ddp"]),
+        "fsdp_step_s": round(step["fsdp"] or 0.0, 4),
+        "elastic_fsdp_step_s": round(step["elastic_fsdp"] or 0.0, 4),
+        "ratio_fsdp": _ratio(step["elastic_fsdp"], step["fsdp"]),
+        "fsdp_peak_rss_mb": rss["fsdp"],
+        "elastic_fsdp_peak_rss_mb": rss["elastic_fsdp"],
+        "rss_ratio_fsdp": _ratio(rss["elastic_fsdp"], rss["fsdp"]),
+        "optimizer_state_fraction_fsdp": _fraction(runs["elastic_fsdp"]),
+        "optimizer_state_fraction_plain_fsdp": _fraction(runs["fsdp"]),
         **{
             f"{name}_step_s_runs": [round(r.step_s, 4) for r in runs[m]]
-            for name, m in zip(("ddp", "fast", "exact"), MODES, strict=True)
+            for name, m in zip(("ddp", "fast", "exact", "fsdp", "elastic_fsdp"), MODES, strict=True)
         },
     }
 
@@ -154,6 +176,7 @@ def run(plan: OverheadPlan, log: Callable[[str], None]) -> dict[str, Any]:
                     log(f"  {size.name} ({r.params / 1e6:.1f} M) {mode}: {r.step_s:.4f} s/step, {r.peak_rss_mb} MB")
             sizes.append(_summary(size, runs))
     ratios = [s["ratio_fast"] for s in sizes if s["ratio_fast"] is not None]
+    fsdp_ratios = [s["ratio_fsdp"] for s in sizes if s["ratio_fsdp"] is not None]
     rss_ratios = [s["rss_ratio_fast"] for s in sizes if s["rss_ratio_fast"] is not None]
     return {
         "ranks": plan.ranks,
@@ -164,5 +187,6 @@ def run(plan: OverheadPlan, log: Callable[[str], None]) -> dict[str, Any]:
         "sizes": sizes,
         "max_ratio_fast": max(ratios, default=None),
         "max_rss_ratio_fast": max(rss_ratios, default=None),
+        "max_ratio_fsdp": max(fsdp_ratios, default=None),
         "elapsed_s": round(time.monotonic() - started, 1),
     }

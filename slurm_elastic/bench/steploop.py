@@ -6,6 +6,8 @@ per rank and step (DDP under `no_sync` but for the last, as a DDP user writes it
 each step starts on every rank and the rank's peak resident memory, into `<out>/rank<R>.json`.
 
     python -m slurm_elastic.bench.steploop --mode ddp|elastic --data DIR --out DIR --steps N --dim D --layers L
+
+`--mode fsdp|elastic_fsdp`: the same with the model sharded by FSDP2 (`fsdploop.py`).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from slurm_elastic.workload import EXAMPLES
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m slurm_elastic.bench.steploop", description=__doc__)
-    p.add_argument("--mode", choices=("ddp", "elastic"), required=True)
+    p.add_argument("--mode", choices=("ddp", "elastic", "fsdp", "elastic_fsdp"), required=True)
     p.add_argument("--data", required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--steps", type=int, default=20)
@@ -48,10 +50,12 @@ def _model(args: argparse.Namespace, vocab: int) -> torch.nn.Module:
     return CharTransformer(vocab, args.seq_len, args.dim, args.layers, args.heads, dropout=0.0)
 
 
-def _report(out: Path, rank: int, starts: list[float], params: int) -> None:
+def _report(out: Path, rank: int, starts: list[float], params: int, opt_bytes: tuple[int, int] = (0, 0)) -> None:
+    """`opt_bytes`: (optimizer state bytes this rank holds, the full state's), for a sharded model."""
     out.mkdir(parents=True, exist_ok=True)
     peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # Linux: kilobytes
     record = {"rank": rank, "step_starts": starts, "peak_rss_mb": round(peak_kb / 1024, 1), "params": params}
+    record |= {"opt_bytes": opt_bytes[0], "opt_full_bytes": opt_bytes[1]}
     (out / f"rank{rank}.json").write_text(json.dumps(record))
 
 
@@ -106,6 +110,11 @@ def run_elastic(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    if args.mode in ("fsdp", "elastic_fsdp"):
+        from slurm_elastic.bench.fsdploop import run_elastic_fsdp, run_fsdp
+
+        (run_fsdp if args.mode == "fsdp" else run_elastic_fsdp)(args)
+        return
     (run_ddp if args.mode == "ddp" else run_elastic)(args)
 
 

@@ -15,6 +15,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     mttr.add_argument("--json", action="store_true", help="print one JSON object")
     mttr.add_argument("--nodes", type=int, default=4)
     mttr.add_argument("--kills", type=int, default=5)
+    mttr.add_argument("--mode", choices=("ddp", "fsdp"), default="ddp", help="the workload: replicas or FSDP2 shards")
     mttr.add_argument("--slurm", action="store_true", help="on the local Slurm cluster (job requeue as the baseline)")
     mttr.set_defaults(func=run_mttr)
     overhead = which.add_parser(
@@ -33,6 +34,8 @@ def run_mttr(args: argparse.Namespace) -> int:
     if args.nodes < 2 or args.kills < 1:
         return fail(f"--nodes {args.nodes} --kills {args.kills}: need at least 2 nodes and 1 kill")
     log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
+    if args.slurm and args.mode != "ddp":
+        return fail("--slurm --mode fsdp: the Slurm MTTR benchmark runs the replica workload only")
     if args.slurm:
         from slurm_elastic.bench import slurm_mttr
 
@@ -40,7 +43,7 @@ def run_mttr(args: argparse.Namespace) -> int:
     else:
         from slurm_elastic.bench.mttr import MttrPlan, run
 
-        result = run(MttrPlan(nodes=args.nodes, kills=args.kills), log)
+        result = run(MttrPlan(nodes=args.nodes, kills=args.kills, workload=args.mode), log)
     print_result(result, args.json)
     return 0
 

@@ -202,6 +202,9 @@ class Coordinator:
             case msg.CollectiveFault():
                 self.events.emit("collective_fault", worker=wid, generation=message.generation, detail=message.detail)
                 self._feed(m.Faulted(wid, message.generation, message.detail))
+            case msg.StateLost():
+                self.events.emit("state_lost", worker=wid, generation=message.generation, detail=message.detail)
+                self._feed(m.StateLost(wid, message.generation, message.detail))
             case msg.WorkerEvent():
                 self._on_worker_event(wid, message)
             case msg.Failure():

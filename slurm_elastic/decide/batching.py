@@ -65,6 +65,7 @@ class MicroBatch:
     offset: int  # first sample, counted from the step's first sample
     size: int
     weight: float  # size / step_samples
+    padding: bool = False  # a pass of weight 0 that keeps a sharded job's ranks in lockstep (`lockstep`)
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,19 @@ class StepPlan:
 
     def samples_of(self, rank: int) -> int:
         return sum(mb.size for mb in self.for_rank(rank))
+
+    def lockstep(self, rank: int) -> tuple[MicroBatch, ...]:
+        """This rank's micro-batches, padded to as many passes as the busiest rank runs.
+
+        A sharded (FSDP2) model gathers its parameters in every forward and scatters its gradients in every
+        backward, collectives every rank must join; a rank with fewer micro-batches repeats one (its last, or
+        the step's first) with weight 0, which adds nothing to the gradient and is not counted as data.
+        """
+        mine = self.for_rank(rank)
+        rounds = max(len(block) for block in self.assignment)
+        filler = mine[-1] if mine else self.micro_batches[0]
+        pad = MicroBatch(filler.index, filler.offset, filler.size, 0.0, padding=True)
+        return mine + (pad,) * (rounds - len(mine))
 
 
 def _cut(total: int, piece: int) -> list[tuple[int, int]]:

@@ -108,6 +108,15 @@ class Faulted:
 
 
 @dataclass(frozen=True)
+class StateLost:
+    """A member found that some of the training state has no live holder (both holders of a shard lost)."""
+
+    worker_id: str
+    generation: int
+    detail: str
+
+
+@dataclass(frozen=True)
 class Done:
     worker_id: str
 
@@ -122,7 +131,7 @@ class Abort:
     reason: str
 
 
-Event = Joined | Lost | Drain | ReachedBoundary | Faulted | Done | Tick | Abort
+Event = Joined | Lost | Drain | ReachedBoundary | Faulted | StateLost | Done | Tick | Abort
 
 # --- actions ----------------------------------------------------------------------------------------
 
@@ -220,6 +229,8 @@ def decide(state: State, event: Event, now: float, policy: Policy) -> Outcome:
             if state.phase != "running" or gen is None or event.generation != gen.number:
                 return Outcome(state, (), f"stale fault report for generation {event.generation}")
             return _abrupt(state, set(), set(), f"collective failure: {event.detail}", policy, now)
+        case StateLost():
+            return _state_lost(state, event, now, policy)
         case Done():
             return _done(state, event)
         case Tick():
@@ -236,8 +247,17 @@ def _start(state: State, cause: str, reason: str) -> Outcome:
     number = state.generation.number + 1 if state.generation else 1
     ranks = order_ranks((), state.workers.values())
     gen = Generation(number, ranks, None, cause)
+    # A drained node whose workers were all lost before a restart had its restarted workers refused: the
+    # drain is done, and must not outlive the generation (nor refuse that node's later joiners).
+    draining = _hosting(state.draining, state.workers)
     new = replace(
-        state, phase="running", generation=gen, change_requested=False, expected_override=None, at_boundary=frozenset()
+        state,
+        phase="running",
+        generation=gen,
+        draining=draining,
+        change_requested=False,
+        expected_override=None,
+        at_boundary=frozenset(),
     )
     return Outcome(new, (Announce(gen, (), ranks, ()),), reason)
 
@@ -320,6 +340,20 @@ def _abrupt(state: State, lost: set[str], leaving: set[str], cause: str, policy:
     announce = Announce(new_gen, tuple(sorted(leaving | drained)), tuple(j.worker_id for j in joiners), left)
     actions: tuple[Action, ...] = (announce, RequestBoundary(new_gen.number)) if pending else (announce,)
     return Outcome(new, actions, f"{cause}: {', '.join(left)} left; world {len(gen.ranks)} -> {len(ranks)}")
+
+
+def _state_lost(state: State, event: StateLost, now: float, policy: Policy) -> Outcome:
+    gen = state.generation
+    if state.phase != "running" or gen is None or event.generation != gen.number:
+        return Outcome(state, (), f"stale state-lost report for generation {event.generation}")
+    if policy.checkpoint_fallback and policy.recovery == "in_process":
+        reason = f"training state lost ({event.detail}): resuming from the latest checkpoint"
+        return _restart_all(state, state.workers, reason, now, fallback=True)
+    reason = (
+        f"training state lost ({event.detail}), and the job writes no disaster-recovery checkpoint "
+        "(--checkpoint-dir with --checkpoint-every would have let it resume)"
+    )
+    return Outcome(replace(state, phase="failed", reason=reason), (Fail(reason),), reason)
 
 
 def _restart_all(base: State, workers: Mapping[str, Worker], reason: str, now: float, *, fallback: bool) -> Outcome:

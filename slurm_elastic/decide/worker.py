@@ -92,11 +92,14 @@ class Ending:
     save_checkpoint: bool = False
 
 
-def ending_for_stop(reason: str, error: str | None, *, rank: int, holds_state: bool, checkpoints: bool) -> Ending:
-    """The coordinator stopped the job: finished, suspended (keep a disaster-recovery checkpoint) or failed."""
+def ending_for_stop(
+    reason: str, error: str | None, *, rank: int, holds_state: bool, checkpoints: bool, sharded: bool = False
+) -> Ending:
+    """The coordinator stopped the job: finished, suspended (keep a disaster-recovery checkpoint) or failed.
+    Rank 0 writes a replica's checkpoint; every rank writes its part of a sharded one."""
     if error is not None:
         return Ending("job_failed", EXIT_JOB_FAILED, f"job stopped: {error}")
-    save = rank == 0 and holds_state and checkpoints  # a suspended job resumes from this file
+    save = (rank == 0 or sharded) and holds_state and checkpoints  # a suspended job resumes from this file
     return Ending("stopped", EXIT_OK, f"job stopped: {reason}", save_checkpoint=save)
 
 

@@ -121,6 +121,15 @@ class CollectiveFault(_Msg):
     detail: str = Field(max_length=2000)
 
 
+class StateLost(_Msg):
+    """Some of a sharded job's state has no live holder: the job must resume from its checkpoint."""
+
+    type: Literal["state_lost"] = "state_lost"
+    generation: int = Field(ge=1)
+    step: int = Field(ge=0)
+    detail: str = Field(max_length=2000)
+
+
 class Finished(_Msg):
     type: Literal["finished"] = "finished"
     generation: int = Field(ge=1)
@@ -316,6 +325,7 @@ Message = Annotated[
     | WorkerEvent
     | Failure
     | CollectiveFault
+    | StateLost
     | Finished
     | Registered
     | Assign

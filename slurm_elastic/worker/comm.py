@@ -243,6 +243,23 @@ class Group:
             raise CollectiveFailed(f"allreduce could not start: {exc}") from exc
         return lambda: _wait_work(work, self.interrupt, "allreduce")
 
+    def launch_all_gather(self, output: torch.Tensor, tensor: torch.Tensor) -> Callable[[], None]:
+        """Start gathering every rank's `tensor` into `output` (rank order, concatenated); returns the wait."""
+        return self._launch(lambda: self.pg._allgather_base(output, tensor), "all-gather")
+
+    def launch_reduce_scatter(self, output: torch.Tensor, tensor: torch.Tensor) -> Callable[[], None]:
+        """Start summing `tensor` over the ranks and keeping this rank's slice in `output`; returns the wait."""
+        return self._launch(lambda: self.pg._reduce_scatter_base(output, tensor), "reduce-scatter")
+
+    def _launch(self, start: Callable[[], Any], what: str) -> Callable[[], None]:
+        if self.pg is None:
+            return lambda: None
+        try:
+            work = start()
+        except RuntimeError as exc:
+            raise CollectiveFailed(f"{what} could not start: {exc}") from exc
+        return lambda: _wait_work(work, self.interrupt, what)
+
     def allgather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
         if self.pg is None:
             return [tensor.clone()]

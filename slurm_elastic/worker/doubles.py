@@ -45,13 +45,16 @@ class GroupFault:
     """In `worker`'s group of `generation`, its `nth` collective (counting from 1) fails.
 
     "raise": the collective raises, the rank lives on (a broken connection); "die": the rank dies as it
-    starts the collective; "die_after": it dies once the collective completed (its sum is done).
+    starts the collective; "die_after": it dies once the collective completed (its sum is done);
+    "raise_after": the collective completed everywhere, but this rank sees it fail. `kind` counts only
+    collectives of that kind ("allreduce", "all_gather", "reduce_scatter"; "any" counts them all).
     """
 
     worker: str
     generation: int
     nth: int
-    action: Literal["raise", "die", "die_after"] = "die"
+    action: Literal["raise", "die", "die_after", "raise_after"] = "die"
+    kind: Literal["any", "allreduce", "allgather", "all_gather", "reduce_scatter"] = "any"
 
 
 class FaultyGroup(Group):
@@ -62,39 +65,57 @@ class FaultyGroup(Group):
         self._fault = fault
         self._count = 0
 
-    def _next(self) -> bool:
+    def _next(self, kind: str) -> str | None:
+        """What happens after this collective completes: None, "die" or "raise"."""
+        if self._fault.kind not in ("any", kind):
+            return None
         self._count += 1
         if self._count != self._fault.nth:
-            return False
+            return None
         if self._fault.action == "raise":
             raise CollectiveFailed(f"injected failure of collective {self._count} in generation {self.generation}")
         if self._fault.action == "die":
             raise RankDied(f"died at collective {self._count} of generation {self.generation}")
-        return True
+        return "die" if self._fault.action == "die_after" else "raise"
 
-    def launch_allreduce(self, tensor: torch.Tensor) -> Callable[[], None]:
-        die_after = self._next()
-        wait = super().launch_allreduce(tensor)
-        if not die_after:
+    def _then(self, after: str | None) -> None:
+        what = f"collective {self._fault.nth} of generation {self.generation}"
+        if after == "die":
+            raise RankDied(f"died after {what}")
+        if after == "raise":
+            raise CollectiveFailed(f"injected failure after {what} completed")
+
+    def _after(self, after: str | None, wait: Callable[[], None]) -> Callable[[], None]:
+        if after is None:
             return wait
 
-        def wait_then_die() -> None:
+        def wait_then() -> None:
             wait()
-            raise RankDied(f"died after collective {self._fault.nth} of generation {self.generation}")
+            self._then(after)
 
-        return wait_then_die
+        return wait_then
+
+    def launch_allreduce(self, tensor: torch.Tensor) -> Callable[[], None]:
+        after = self._next("allreduce")
+        return self._after(after, super().launch_allreduce(tensor))
+
+    def launch_all_gather(self, output: torch.Tensor, tensor: torch.Tensor) -> Callable[[], None]:
+        after = self._next("all_gather")
+        return self._after(after, super().launch_all_gather(output, tensor))
+
+    def launch_reduce_scatter(self, output: torch.Tensor, tensor: torch.Tensor) -> Callable[[], None]:
+        after = self._next("reduce_scatter")
+        return self._after(after, super().launch_reduce_scatter(output, tensor))
 
     def allreduce_(self, tensor: torch.Tensor) -> None:
-        die_after = self._next()
+        after = self._next("allreduce")
         super().allreduce_(tensor)
-        if die_after:
-            raise RankDied(f"died after collective {self._fault.nth} of generation {self.generation}")
+        self._then(after)
 
     def allgather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
-        die_after = self._next()
+        after = self._next("allgather")
         out = super().allgather(tensor)
-        if die_after:
-            raise RankDied(f"died after collective {self._fault.nth} of generation {self.generation}")
+        self._then(after)
         return out
 
 
@@ -112,7 +133,7 @@ class _Handles:
             self.control.close()
 
 
-def _ports(worker: str, node: str, faults: list[GroupFault], handles: _Handles) -> Ports:
+def _ports(worker: str, node: str, faults: list[GroupFault], handles: _Handles, plan: FaultPlan) -> Ports:
     mine = {f.generation: f for f in faults if f.worker == worker}
 
     def form(*args: Any, **kwargs: Any) -> Group:
@@ -125,7 +146,7 @@ def _ports(worker: str, node: str, faults: list[GroupFault], handles: _Handles) 
         handles.control = ControlClient(address, secret, identity, interrupt)
         return handles.control
 
-    return Ports(control=control, groups=form, faults=FaultInjector(FaultPlan(), node, 0, 0), process_hooks=False)
+    return Ports(control=control, groups=form, faults=FaultInjector(plan, node, 0, 0), process_hooks=False)
 
 
 @dataclass
@@ -145,6 +166,7 @@ class ThreadJob:
     train: Callable[[WorkerEnv, Ports], Any]
     nodes: int
     faults: list[GroupFault] = field(default_factory=list)
+    plan: FaultPlan = field(default_factory=FaultPlan)  # step faults for thread ranks ("raise", "corrupt")
     reduce_dtype: str = "float64"
     ledger_dir: Path | None = None
     heartbeat_interval_s: float = 0.2
@@ -193,7 +215,7 @@ class ThreadJob:
         self._next += 1
         env = self.env(node)
         handles = _Handles()
-        ports = _ports(env.worker_id, node, self.faults, handles)
+        ports = _ports(env.worker_id, node, self.faults, handles, self.plan)
         result = self.results[env.worker_id] = RankResult(env.worker_id)
         thread = threading.Thread(
             target=self._rank, args=(env, ports, handles, result), name=f"rank-{node}", daemon=True

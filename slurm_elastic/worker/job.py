@@ -54,8 +54,10 @@ from slurm_elastic.worker.process import ProcessHooks
 from slurm_elastic.worker.reduction import DEFAULT_BUCKET_MB, GradientReducer, reduce_dtype_of
 from slurm_elastic.worker.replica import Replica
 from slurm_elastic.worker.runtime import Runtime, WorkerEnded
+from slurm_elastic.worker.sharded.checkpoint import ShardedCheckpoints
+from slurm_elastic.worker.sharded.step import sharded_step
 from slurm_elastic.worker.step import Step
-from slurm_elastic.worker.stepper import StepRunner
+from slurm_elastic.worker.stepper import Checkpoints, StepRunner
 from slurm_elastic.worker.usage import (
     LoopName,
     LoopState,
@@ -63,6 +65,7 @@ from slurm_elastic.worker.usage import (
     left_early,
     left_early_signature,
     save_during_step,
+    save_sharded,
 )
 
 log = structlog.get_logger("slurm_elastic.worker")
@@ -116,7 +119,13 @@ class ElasticJob(StepRunner):
         self.seed = seed
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.extra_state: dict[str, Any] = userstate.validate(extra_state)  # the caller's dict, kept as is
-        self._replica = Replica(model, optimizer, scheduler, self.extra_state)
+        # A fully_shard (FSDP2) model: shards held twice, re-sharded from peers (docs/fsdp.md); else replicas.
+        self._sharded = sharded_step(
+            model, optimizer, scheduler, self.extra_state, reduce_dtype, resume_from, clip_grad_norm
+        )
+        self._replica = (
+            self._sharded.replica if self._sharded else Replica(model, optimizer, scheduler, self.extra_state)
+        )
         self._replica.reference_world = reference_world
         self._dataset = data.dataset
         self._order = SampleOrder(len(data.dataset), seed, shuffle=data.shuffle)
@@ -127,8 +136,9 @@ class ElasticJob(StepRunner):
         self._plan = plan_step(self._policy(), 1)  # validates the batch arguments now, with a clear error
         params = [p for p in model.parameters() if p.requires_grad]
         device = params[0].device if params else torch.device("cpu")
-        dtype = reduce_dtype_of(reduce_dtype or self.env.reduce_dtype or "float32")
-        self._reducer = GradientReducer(params, dtype, bucket_mb=bucket_mb or self.env.bucket_mb or DEFAULT_BUCKET_MB)
+        dtype = reduce_dtype_of("float32" if self._sharded else reduce_dtype or self.env.reduce_dtype or "float32")
+        bucket = bucket_mb or self.env.bucket_mb or DEFAULT_BUCKET_MB
+        self._reducer = None if self._sharded else GradientReducer(params, dtype, bucket_mb=bucket)
         depth = prefetch if prefetch is not None else self.env.prefetch
         keep = positive_int("keep_checkpoints", keep_checkpoints) if keep_checkpoints is not None else None
         keep = keep or self.env.checkpoint_keep or 2
@@ -163,12 +173,14 @@ class ElasticJob(StepRunner):
         self._ledger: LedgerWriter | None = None  # opened once the job's run number is known
         self._resume_from = Path(resume_from) if resume_from is not None else None
         ckpt = self.env.checkpoint_dir
-        self._checkpoints = (
-            DisasterRecovery(ckpt, self.env.checkpoint_every, self.env.checkpoint_background, self._report, keep)
-            if ckpt
-            else None
+        kind = ShardedCheckpoints if self._sharded else DisasterRecovery
+        self._checkpoints: Checkpoints | None = (
+            kind(ckpt, self.env.checkpoint_every, self.env.checkpoint_background, self._report, keep) if ckpt else None
         )
         self._runtime.checkpoints = self._checkpoints is not None
+        self._runtime.sharded = self._sharded is not None
+        if self._sharded:
+            self._sharded.attach(self._report, self._faults)
         self._ignored: set[str] = set()
         self._replica.step_fn = guard_optimizer(optimizer, lambda: self._usage.phase == "running", self._ignored_call)
         if self._faults.armed:
@@ -216,7 +228,7 @@ class ElasticJob(StepRunner):
 
     @property
     def reduce_dtype(self) -> str:
-        return self._reducer.reduce_dtype
+        return self._reducer.reduce_dtype if self._reducer else "float32"
 
     # --- the training loop ----------------------------------------------------------------------------
 
@@ -263,6 +275,8 @@ class ElasticJob(StepRunner):
         self._join()
         if self._live is not None:
             raise save_during_step(self._live.number)
+        if not isinstance(self._replica, Replica):
+            raise save_sharded()
         target = Path(path)
         write_checkpoint(target, self._replica.step, self._replica.capture())
         log.info("snapshot_saved", path=str(target), step=self._replica.step)
@@ -273,7 +287,7 @@ class ElasticJob(StepRunner):
         self._join()
         plan = self._plan
         steps = -(-self._order.num_samples // plan.step_samples)
-        return steps * len(plan.for_rank(self._runtime.rank))
+        return steps * len(self._mine())
 
     def interrupted(self) -> bool:
         return self._interrupt.is_set()
@@ -325,7 +339,8 @@ class ElasticJob(StepRunner):
         log.error("loop_left_early", worker=self.env.worker_id, step=step, error=str(error))
 
         def leave() -> None:
-            self._reducer.abandon()
+            if self._reducer:
+                self._reducer.abandon()
             self._runtime.abandon()
             self.close()
 
@@ -414,6 +429,7 @@ class ElasticJob(StepRunner):
             log.info("no_snapshot_to_resume", path=str(path))
             return
         step, snap = read_checkpoint(path)
+        assert isinstance(self._replica, Replica)  # a sharded job refuses resume_from (sharded_step)
         try:
             self._replica.restore(snap)
         except (RuntimeError, KeyError, ValueError, TypeError) as exc:
@@ -426,19 +442,12 @@ class ElasticJob(StepRunner):
             self._ledger = LedgerWriter(self.env.ledger_dir, self.env.worker_id, run)
 
     def _recover(self, *, patient: bool) -> None:
-        self._reducer.abandon()  # an abandoned sum may still write into the old buffers
+        if self._reducer:
+            self._reducer.abandon()  # an abandoned sum may still write into the old buffers
         entered = self._runtime.recover(self._replica, patient=patient)
         self._entered()
         self._hooks.settled(self._replica.cursor)  # a rank healed past an epoch's end runs its hooks
-        self._runtime.report_generation(
-            entered,
-            {
-                "batch_policy": self._plan.reason,
-                "lr_factor": self._plan.lr_factor,
-                "reduce_dtype": self._reducer.reduce_dtype,
-                "buckets": self._reducer.bucket_count,
-            },
-        )
+        self._runtime.report_generation(entered, self._generation_fields())
 
     def _entered(self) -> None:
         """A generation is formed: plan its steps and the batches this rank will read."""
@@ -454,7 +463,7 @@ class ElasticJob(StepRunner):
         plan, cursor, goal = self._plan, self._replica.cursor, self._goal
         if goal is None:  # joined before the loop started: planned again when it does
             return
-        mine = plan.for_rank(self._runtime.rank)
+        mine = self._mine()
         for k in range(goal.steps_left(self._replica.step, cursor, plan.step_samples)):
             base = cursor + k * plan.step_samples
             for mb in mine:
@@ -499,7 +508,7 @@ class ElasticJob(StepRunner):
     def _install_fault_hooks(self) -> None:
         faults, replica = self._faults, self._replica
         self.model.register_forward_pre_hook(lambda *_: faults.hit("forward", replica.step + 1))
-        if self._params:
+        if self._params and not self._sharded:  # a sharded job's parameters are replaced on re-shard
             self._params[0].register_hook(lambda grad: faults.hit("backward", replica.step + 1))
         self.optimizer.register_step_pre_hook(lambda *_: faults.hit("optimizer", replica.step + 1))
 

@@ -10,27 +10,42 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
 from pydantic import BaseModel
 
 from slurm_elastic.decide import worker as decide
-from slurm_elastic.errors import ElasticError
+from slurm_elastic.errors import ElasticError, StateLost
 from slurm_elastic.wire.messages import Assign, CollectiveFault, Leave, Phase, Stop, WorkerEvent, WorkerSettings
+from slurm_elastic.wire.messages import StateLost as StateLostMessage
 from slurm_elastic.worker.comm import CollectiveFailed, Group, Interrupt, Interrupted, pick_backend
 from slurm_elastic.worker.control import CoordinatorLost, Identity, JobOver
 from slurm_elastic.worker.env import WorkerEnv
 from slurm_elastic.worker.ports import Control, Faults, Ports
-from slurm_elastic.worker.replica import Replica
-from slurm_elastic.worker.sync import SyncResult, synchronize
+from slurm_elastic.worker.sync import SyncResult
 
 log = structlog.get_logger("slurm_elastic.worker")
 
 # How long a worker whose collective failed waits for the coordinator's new generation before asking
 # for one itself (the usual path, a lost peer, brings the generation in milliseconds).
 FAULT_GRACE_S = 1.0
+
+
+class Held(Protocol):
+    """The training state a worker holds (a full replica, or shards): what recovery needs of it."""
+
+    step: int
+    fresh: bool
+
+    @property
+    def committed_step(self) -> int: ...
+
+    def synchronize(
+        self, group: Group, store: Any, key_prefix: str, members: list[str], before_transfer: Callable[[], None]
+    ) -> SyncResult: ...
 
 
 class WorkerEnded(Exception):
@@ -63,6 +78,7 @@ class Runtime:
         self.store: Any = None
         self.generation, self.rank, self.world = 0, 0, 1
         self.checkpoints = False  # whether this worker writes disaster-recovery checkpoints
+        self.sharded = False  # whether every rank writes its part of them (a sharded job)
         self._backend = "gloo"
 
     # --- life cycle -----------------------------------------------------------------------------------
@@ -124,7 +140,7 @@ class Runtime:
             self.group = None
         self._close_store()
 
-    def recover(self, replica: Replica, *, patient: bool) -> Entered:
+    def recover(self, replica: Held, *, patient: bool) -> Entered:
         """Leave the current generation; join announced ones until one is formed and in sync."""
         self.abandon()
         while True:
@@ -135,8 +151,15 @@ class Runtime:
             except (Interrupted, CollectiveFailed) as exc:
                 log.info("generation_attempt_failed", generation=self.generation, reason=str(exc))
                 self.abandon()
+            except StateLost as exc:
+                # The coordinator restarts every worker from the checkpoint (or stops the job): wait for it.
+                log.error("training_state_lost", generation=self.generation, reason=str(exc))
+                step = max(replica.step, 0)
+                self.send(StateLostMessage(generation=max(self.generation, 1), step=step, detail=str(exc)[:2000]))
+                self.abandon()
+                patient = True
 
-    def _next_announcement(self, patient: bool, replica: Replica) -> Assign:
+    def _next_announcement(self, patient: bool, replica: Held) -> Assign:
         control = self.control
         if control is None:  # closed: the loop finished or the worker left; nothing may join a generation now
             raise ElasticError("the worker's control connection is closed: it finished its loop or left the job")
@@ -153,13 +176,18 @@ class Runtime:
         if isinstance(ann, Stop):
             holds = not replica.fresh
             ending = decide.ending_for_stop(
-                ann.reason, ann.error, rank=self.rank, holds_state=holds, checkpoints=self.checkpoints
+                ann.reason,
+                ann.error,
+                rank=self.rank,
+                holds_state=holds,
+                checkpoints=self.checkpoints,
+                sharded=self.sharded,
             )
             raise WorkerEnded(ending)
         assert isinstance(ann, Assign)
         return ann
 
-    def _enter(self, ann: Assign, replica: Replica) -> Entered:
+    def _enter(self, ann: Assign, replica: Held) -> Entered:
         control, settings = self.control, self.settings
         assert control is not None and settings is not None
         started = time.monotonic()
@@ -185,18 +213,13 @@ class Runtime:
         )
         formed = time.monotonic()
         self.faults.hit("recovery", replica.step + 1)
-        result = synchronize(
+        result = replica.synchronize(
             self.group,
             self.store,
             settings.store_prefix,
-            replica.committed_step,
-            replica.fingerprint(),
-            replica.capture,
+            list(ann.ranks),
             before_transfer=lambda: self.faults.hit("transfer", replica.step + 1),
         )
-        if result.received is not None:
-            replica.restore(result.received)
-        replica.fresh = False
         return Entered(ann, result, formed - started, time.monotonic() - started)
 
     def report_generation(self, entered: Entered, extra: dict[str, Any]) -> None:
@@ -211,11 +234,11 @@ class Runtime:
             "form_s": round(entered.form_s, 4),
             "sync_s": round(sync.seconds, 4),
             "total_s": round(entered.total_s, 4),
-            "resume_step": sync.plan.target_step,
-            "receivers": list(sync.plan.receivers),
-            "sources": list(sync.plan.sources),
+            "resume_step": sync.target_step,
+            "receivers": list(sync.receivers),
+            "sources": list(sync.sources),
             "bytes": sync.bytes_moved,
-            "transfer": sync.plan.reason,
+            "transfer": sync.reason,
             **extra,
         }
         self.send(WorkerEvent(kind="generation_ready", fields=fields))

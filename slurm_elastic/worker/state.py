@@ -8,6 +8,7 @@ state in byte-range chunks and a receiver can rebuild it without unpickling anyt
 
 from __future__ import annotations
 
+import base64
 import math
 import random
 from dataclasses import dataclass
@@ -205,3 +206,29 @@ def fingerprint(model: torch.nn.Module) -> tuple[float, float]:
             squares += (d * d).sum().cpu()
     s, q = float(total), float(squares)
     return (s if math.isfinite(s) else math.nan, q if math.isfinite(q) else math.nan)
+
+
+def to_json(value: Any, path: str) -> dict[str, Any]:
+    """`value` (plain values and tensors, as in a snapshot) as JSON alone, tensors as base64 bytes: for small
+    state that travels in the store (a sharded job's replicated part)."""
+    tensors: list[torch.Tensor] = []
+    meta = _encode(value, tensors, path)
+    raw = [t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes() for t in tensors]
+    listed = [
+        [str(t.dtype).removeprefix("torch."), list(t.shape), base64.b64encode(r).decode()]
+        for t, r in zip(tensors, raw, strict=True)
+    ]
+    return {"meta": meta, "tensors": listed}
+
+
+def from_json(data: dict[str, Any]) -> Any:
+    """The value `to_json` encoded."""
+    tensors = []
+    for dtype_name, shape, b64 in data["tensors"]:
+        dtype = getattr(torch, str(dtype_name), None)
+        if not isinstance(dtype, torch.dtype):
+            raise StateError(f"invalid dtype {dtype_name!r} in encoded state")
+        raw = base64.b64decode(b64)
+        flat = torch.frombuffer(bytearray(raw), dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
+        tensors.append(flat.view(dtype).reshape(shape))
+    return _decode(data["meta"], tensors)

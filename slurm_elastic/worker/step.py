@@ -79,6 +79,7 @@ class Step:
         if self.aborted:
             return
         start = self.first + mb.offset
-        self.ranges.append((start, start + mb.size))
+        if not mb.padding:
+            self.ranges.append((start, start + mb.size))
         closing = mb is self._micro[-1]
         self._host.backward_micro_batch(self, mb, loss, closing)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
 import torch
@@ -26,7 +26,6 @@ from slurm_elastic.faults import FaultInjector
 from slurm_elastic.ledger import LedgerError, LedgerWriter
 from slurm_elastic.wire.messages import Committed, Phase, WorkerEvent
 from slurm_elastic.worker.callbacks import Callbacks
-from slurm_elastic.worker.checkpoint import DisasterRecovery
 from slurm_elastic.worker.comm import CollectiveFailed, Interrupted
 from slurm_elastic.worker.data import Samples
 from slurm_elastic.worker.env import WorkerEnv
@@ -35,10 +34,24 @@ from slurm_elastic.worker.prefetch import Prefetcher
 from slurm_elastic.worker.reduction import GradientReducer
 from slurm_elastic.worker.replica import Replica
 from slurm_elastic.worker.runtime import Runtime
+from slurm_elastic.worker.sharded.holder import ShardedReplica
+from slurm_elastic.worker.sharded.step import ShardedStep
 from slurm_elastic.worker.step import Step
 from slurm_elastic.worker.usage import LoopState
 
 log = structlog.get_logger("slurm_elastic.worker")
+
+
+class Checkpoints(Protocol):
+    """Disaster-recovery checkpoints: a replica's (`worker.checkpoint`) or a sharded job's (`sharded.checkpoint`)."""
+
+    def load_into(self, replica: Any) -> bool: ...
+
+    def after_commit(self, replica: Any, rank: int) -> None: ...
+
+    def save_now(self, replica: Any) -> None: ...
+
+    def close(self) -> None: ...
 
 
 class StepRunner:
@@ -47,11 +60,12 @@ class StepRunner:
     env: WorkerEnv
     seed: int
     _runtime: Runtime
-    _replica: Replica
-    _reducer: GradientReducer
+    _replica: Replica | ShardedReplica
+    _reducer: GradientReducer | None  # None for a sharded model: FSDP2 sums the gradients
+    _sharded: ShardedStep | None
     _prefetch: Prefetcher
     _ledger: LedgerWriter | None
-    _checkpoints: DisasterRecovery | None
+    _checkpoints: Checkpoints | None
     _faults: Faults | FaultInjector
     _dataset: Samples
     _order: SampleOrder
@@ -83,10 +97,16 @@ class StepRunner:
     def backward_micro_batch(self, step: Step, mb: MicroBatch, loss: torch.Tensor, closing: bool) -> None:
         if closing:
             self._contribute(step)
+        if self._sharded:
+            self._faults.hit("backward", step.number)
+            self._sharded.backward(loss, mb.weight)
+            return
+        assert self._reducer is not None
         self._reducer.add_control(loss, mb.weight, self._runtime.change_requested() if closing else None)
         self._reducer.backward(loss, mb.weight, closing=closing)
 
     def close_without_micro_batches(self, step: Step) -> None:
+        assert self._reducer is not None  # a sharded job's ranks always run passes (lockstep)
         self._contribute(step)
         self._reducer.add_control(torch.zeros(()), 0.0, self._runtime.change_requested())
         self._reducer.launch_rest()
@@ -122,9 +142,29 @@ class StepRunner:
             return PreserveGlobalBatch(self._global_batch or self._replica.global_batch or self._micro, self._micro)
         return ScaleLearningRate(self._per_replica, self._micro, self._replica.reference_world or 1, self._lr_rule)
 
+    def _mine(self) -> tuple[MicroBatch, ...]:
+        """This rank's micro-batches of a step; a sharded job's ranks all run as many passes (padding)."""
+        rank = self._runtime.rank
+        return self._plan.lockstep(rank) if self._sharded else self._plan.for_rank(rank)
+
+    def _generation_fields(self) -> dict[str, Any]:
+        """What a `generation_ready` event says of the step: the batch policy and how gradients are summed."""
+        fields: dict[str, Any] = {"batch_policy": self._plan.reason, "lr_factor": self._plan.lr_factor}
+        if self._reducer:
+            fields |= {"reduce_dtype": self._reducer.reduce_dtype, "buckets": self._reducer.bucket_count}
+        if self._sharded:
+            fields |= {"strategy": "fsdp2", "mirrors": self._sharded.replica.wards is not None}
+        return fields
+
     def _new_attempt(self) -> Step:
         rt = self._runtime
         number = self._replica.step + 1
+        if self._sharded:
+            assert rt.group is not None
+            hit = lambda kind: self._faults.hit("reduce_scatter", number) if kind == "reduce-scatter" else None  # noqa: E731
+            self._sharded.begin(rt.group, number, hit)
+            return Step(self, number, self._replica.cursor, self._mine(), rt.rank, rt.world)
+        assert self._reducer is not None
         group = rt.group if rt.world > 1 else None
         self._reducer.begin(group, on_launch=lambda _bucket: self._faults.hit("bucket", number))
         micro = self._plan.for_rank(rt.rank)
@@ -153,14 +193,22 @@ class StepRunner:
         rt, replica = self._runtime, self._replica
         self.set_phase("allreduce")
         self._faults.hit("allreduce", attempt.number)
-        loss, change_wanted = self._reducer.wait()
-        self.set_phase("optimizer")
-        if self._clip is not None:
-            torch.nn.utils.clip_grad_norm_(self._params, self._clip)
-        self._replica.optimizer_step(self._plan.lr_factor)
-        self._reducer.after_optimizer()
-        self._faults.hit("commit", attempt.number)
-        replica.commit(attempt.number, self._plan.step_samples)
+        if self._sharded:
+            loss, change_wanted, norm2 = self._sharded.finish(rt.change_requested())
+            self.set_phase("optimizer")
+            self._faults.hit("optimizer", attempt.number)  # the job steps the shards, not the script's optimizer
+            self._faults.hit("commit", attempt.number)
+            self._sharded.commit(self._plan.step_samples, norm2, self._plan.lr_factor)
+        else:
+            assert self._reducer is not None and isinstance(replica, Replica)
+            loss, change_wanted = self._reducer.wait()
+            self.set_phase("optimizer")
+            if self._clip is not None:
+                torch.nn.utils.clip_grad_norm_(self._params, self._clip)
+            replica.optimizer_step(self._plan.lr_factor)
+            self._reducer.after_optimizer()
+            self._faults.hit("commit", attempt.number)
+            replica.commit(attempt.number, self._plan.step_samples)
         self._loss = loss
         if self._ledger:
             self._ledger_write(lambda ledger: ledger.commit(rt.generation, replica.step, replica.cursor))

@@ -24,10 +24,20 @@ from slurm_elastic.worker.state import Layout, Snapshot, layout_of, pack, unpack
 
 @dataclass(frozen=True)
 class SyncResult:
-    plan: RecoveryPlan
-    received: Snapshot | None
+    """How a generation got in sync (the fields of its `generation_ready` event)."""
+
+    target_step: int
+    sources: tuple[int, ...]
+    receivers: tuple[int, ...]
+    reason: str
     bytes_moved: int
     seconds: float
+    received: Snapshot | None = None
+
+
+def _result(plan: RecoveryPlan, received: Snapshot | None, moved: int, started: float) -> SyncResult:
+    elapsed = time.monotonic() - started
+    return SyncResult(plan.target_step, plan.sources, plan.receivers, plan.reason, moved, elapsed, received)
 
 
 def exchange_views(group: Group, committed_step: int, fp: tuple[float, float]) -> list[PeerState]:
@@ -52,7 +62,7 @@ def synchronize(
     if plan.target_step < 0:
         raise JobFailed(f"cannot recover generation {group.generation}: {plan.reason}")
     if not plan.receivers:
-        return SyncResult(plan, None, 0, time.monotonic() - started)
+        return _result(plan, None, 0, started)
     before_transfer()
     meta_key = f"{key_prefix}/g{group.generation}/state-meta"
     rank = group.rank
@@ -71,7 +81,7 @@ def synchronize(
             if hi > lo:
                 sends.append((buf[lo:hi], s.dst, s.chunk))
         group.exchange(sends, [])
-        return SyncResult(plan, None, sum(t.numel() for t, _, _ in sends), time.monotonic() - started)
+        return _result(plan, None, sum(t.numel() for t, _, _ in sends), started)
     raw = run_interruptibly(lambda: store.get(meta_key), group.interrupt, "state layout")
     published = json.loads(raw)
     layout = Layout.from_json(published["layout"])
@@ -83,4 +93,4 @@ def synchronize(
             recvs.append((buf[lo:hi], s.src, s.chunk))
     group.exchange([], recvs)
     snap = Snapshot(published["meta"], unpack(buf.cpu(), layout))  # RNG states must be CPU tensors
-    return SyncResult(plan, snap, layout.total, time.monotonic() - started)
+    return _result(plan, snap, layout.total, started)

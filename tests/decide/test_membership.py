@@ -489,3 +489,23 @@ def test_losing_every_member_without_checkpoints_fails_and_says_what_would_have_
     out = m.decide(running(2), m.Lost(("w1", "w2"), "connection closed"), 0.0, policy(2))
     fail = only(out.actions, m.Fail)
     assert isinstance(fail, m.Fail) and "--checkpoint-dir" in fail.reason and out.state.phase == "failed"
+
+
+def test_state_lost_restarts_everyone_from_the_checkpoint_when_the_job_writes_them() -> None:
+    pol = m.Policy(expected_workers=3, checkpoint_fallback=True)
+    out = m.decide(running(3), m.StateLost("w2", 1, "shard 1/3 has no live holder"), 0.0, pol)
+    assert out.state.phase == "rendezvous"
+    assert any(isinstance(a, m.RestartAll) and a.fallback for a in out.actions)
+    assert "shard 1/3" in out.reason
+
+
+def test_state_lost_fails_the_job_naming_the_checkpoint_setting_without_checkpoints() -> None:
+    out = m.decide(running(3), m.StateLost("w2", 1, "shard 1/3 has no live holder"), 0.0, m.Policy(expected_workers=3))
+    assert out.state.phase == "failed" and "--checkpoint-dir" in out.reason
+    assert any(isinstance(a, m.Fail) for a in out.actions)
+
+
+def test_a_stale_state_lost_report_is_ignored() -> None:
+    pol = m.Policy(expected_workers=3, checkpoint_fallback=True)
+    out = m.decide(running(3), m.StateLost("w2", 7, "old"), 0.0, pol)
+    assert out.actions == () and "stale" in out.reason

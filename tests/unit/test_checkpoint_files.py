@@ -3,6 +3,7 @@ checkpoints are kept."""
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import pytest
@@ -71,3 +72,27 @@ def test_checkpoint_keep_is_a_job_setting_that_reaches_the_workers() -> None:
     assert "SLURM_ELASTIC_CHECKPOINT_KEEP" not in training_env(resolve_config({}, {})), "the default stays implicit"
     with pytest.raises(ConfigError, match="invalid --checkpoint-keep: '0'"):
         resolve_config({"checkpoint_keep": "0"}, {})
+
+
+def test_sharded_metadata_takes_enum_members_by_name_and_nothing_else_through_getattr() -> None:
+    import pickle
+
+    from torch.distributed.checkpoint.metadata import _MEM_FORMAT_ENCODING
+
+    from slurm_elastic.worker.sharded.checkpoint import _MetadataUnpickler
+
+    class ByName:  # how Python 3.11.2 pickles an enum member
+        def __init__(self, target: object, name: str) -> None:
+            self.target, self.name = target, name
+
+        def __reduce__(self) -> tuple[object, tuple[object, str]]:
+            return getattr, (self.target, self.name)
+
+    def load(obj: object) -> object:
+        return _MetadataUnpickler(io.BytesIO(pickle.dumps(obj))).load()
+
+    member = _MEM_FORMAT_ENCODING.TORCH_CONTIGUOUS_FORMAT
+    assert load(ByName(_MEM_FORMAT_ENCODING, "TORCH_CONTIGUOUS_FORMAT")) is member
+    for hostile in (ByName(_MEM_FORMAT_ENCODING, "__class__"), ByName(Path, "home")):
+        with pytest.raises(pickle.UnpicklingError, match="refusing"):
+            load(hostile)

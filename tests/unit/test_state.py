@@ -17,9 +17,11 @@ from slurm_elastic.worker.state import (
     StateError,
     capture,
     fingerprint,
+    from_json,
     layout_of,
     pack,
     restore,
+    to_json,
     unpack,
 )
 
@@ -214,3 +216,27 @@ def test_fingerprint_is_the_sum_and_the_sum_of_squares() -> None:
     with torch.no_grad():
         b.weight.copy_(torch.tensor([[0.0, 3.0]]))
     assert fingerprint(a)[0] == fingerprint(b)[0] and fingerprint(a)[1] != fingerprint(b)[1]
+
+
+def test_small_state_travels_as_json_alone_with_its_tensors_bit_exact() -> None:
+    # A sharded job's replicated part (the user's extra state among it) goes through the store as JSON.
+    value = {
+        "count": 3,
+        "ema": torch.tensor([1.5, -2.25, float("nan")], dtype=torch.bfloat16),
+        "nested": [torch.arange(6, dtype=torch.int64).reshape(2, 3), "x", None],
+        "empty": torch.empty(0, 4),
+    }
+    back = from_json(json.loads(json.dumps(to_json(value, "extra_state"))))
+    assert back["count"] == 3 and back["nested"][1:] == ["x", None]
+    assert (
+        back["ema"].dtype == torch.bfloat16
+        and back["ema"].view(torch.int16).tolist() == value["ema"].view(torch.int16).tolist()
+    )
+    assert torch.equal(back["nested"][0], value["nested"][0]) and back["empty"].shape == (0, 4)
+
+
+def test_json_state_with_an_unknown_dtype_is_refused() -> None:
+    encoded = to_json({"t": torch.ones(2)}, "extra_state")
+    encoded["tensors"][0][0] = "object"
+    with pytest.raises(StateError, match="invalid dtype 'object'"):
+        from_json(encoded)

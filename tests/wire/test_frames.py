@@ -40,6 +40,7 @@ SAMPLES: list[BaseModel] = [
     msg.WorkerEvent(kind="recovery", fields={"seconds": 0.13, "peers": [1, 2], "note": "ünïcode"}),
     msg.Failure(worker_id="n1:0:0", signature="ValueError: x", traceback="Traceback ...\n"),
     msg.CollectiveFault(generation=1, step=0, detail="gloo: connection reset"),
+    msg.StateLost(generation=3, step=7, detail="rows 2-4 of tensor 0 have no live holder"),
     msg.Finished(generation=4, step=100),
     msg.Registered(settings=SETTINGS),
     msg.Assign(generation=2, rank=1, ranks=["a", "b"], boundary_step=None, cause="crash"),
