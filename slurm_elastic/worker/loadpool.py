@@ -22,6 +22,7 @@ import torch
 import torch.multiprocessing  # registers the shared-memory reductions for tensors
 
 from slurm_elastic.lineage import die_with_parent
+from slurm_elastic.worker.rng import seed_torch
 
 Key = tuple[int, int]
 _child: dict[str, Any] = {}
@@ -53,7 +54,7 @@ def _init_child(
 def _load_in_child(key: Key) -> Any:
     start, size = key
     s = batch_seed(_child["seed"], start)
-    torch.manual_seed(s)
+    seed_torch(s)
     random.seed(s)
     np.random.seed(s)
     return _child["load"](start, size)

@@ -10,6 +10,7 @@ import torch
 from slurm_elastic.decide.batching import MicroBatch, micro_batch_seed
 from slurm_elastic.errors import UsageError
 from slurm_elastic.wire.messages import Phase
+from slurm_elastic.worker.rng import seed_torch
 
 
 class StepHost(Protocol):
@@ -60,7 +61,7 @@ class Step:
                 self.aborted = True
                 return
             batch = host.batch(self.first + mb.offset, mb.size)
-            torch.manual_seed(micro_batch_seed(host.seed, self.number, mb.index))
+            seed_torch(micro_batch_seed(host.seed, self.number, mb.index))
             self._current = mb
             host.set_phase("compute")
             yield batch
