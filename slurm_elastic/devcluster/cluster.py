@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import subprocess
 import time
@@ -19,6 +20,7 @@ from slurm_elastic.devcluster.conf import (
 )
 from slurm_elastic.devcluster.layout import Layout, default_state_dir
 from slurm_elastic.devcluster.shell import ClusterError, find_binary, run, start_daemon, tail
+from slurm_elastic.devcluster.unkillable import UNKILLABLE_STEP_PROGRAM
 
 __all__ = ["LocalCluster"]
 
@@ -176,6 +178,9 @@ class LocalCluster:
         for node in self.nodes:
             self.layout.spool(node).mkdir()
         self.slurm_conf_path.write_text(slurm_conf)
+        program = self.layout.unkillable_program
+        program.write_text(UNKILLABLE_STEP_PROGRAM.replace("@LOG_DIR@", shlex.quote(str(self.layout.log_dir))))
+        program.chmod(0o755)
         cgroup_conf = render_cgroup_conf(conf.version)
         if cgroup_conf is None:
             self.layout.cgroup_conf.unlink(missing_ok=True)

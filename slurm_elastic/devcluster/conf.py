@@ -180,6 +180,9 @@ def render_slurm_conf(conf: ClusterConf) -> str:
         f"SlurmdTimeout={conf.slurmd_timeout_s}",
         "InactiveLimit=0",
         "KillWait=5",
+        # A step whose processes outlive SIGKILL drains its node ("Kill task failed"): record what was left.
+        "UnkillableStepTimeout=60",
+        f"UnkillableStepProgram={s / 'unkillable-step'}",
         "MinJobAge=300",
         "JobRequeue=1",
         "PreemptType=preempt/partition_prio",

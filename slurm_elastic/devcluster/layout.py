@@ -62,6 +62,14 @@ class Layout:
         return self.state_dir / "log"
 
     @property
+    def unkillable_program(self) -> Path:
+        """Run by slurmstepd when a step outlives SIGKILL: writes what was left to `unkillable_reports`."""
+        return self.state_dir / "unkillable-step"
+
+    def unkillable_reports(self) -> list[Path]:
+        return sorted(self.log_dir.glob("unkillable-*.txt"))
+
+    @property
     def save_dir(self) -> Path:
         return self.state_dir / "state"
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from slurm_elastic.devcluster import LocalCluster
+from slurm_elastic.devcluster.unkillable import summarize
 
 _HERE = Path(__file__).parent
 
@@ -55,10 +56,17 @@ def nodes_back_in_service(slurm_cluster: LocalCluster) -> Iterator[None]:
     """A node a test leaves drained, down or failed is reported with Slurm's reason and resumed before the
     next test, so that one failure never cascades. Slurm draining a node for a step it could not kill
     ("Kill task failed") is a defect of ours: that test fails."""
+    before = set(slurm_cluster.layout.unkillable_reports())
     yield
     found = slurm_cluster.recover_nodes(timeout_s=120)
     for node, state, reason in found:
         warnings.warn(f"{node} was left {state} ({reason or 'no reason'}); resumed", stacklevel=1)
     unkillable = [f"{node}: {reason}" for node, _, reason in found if "Kill task failed" in reason]
     if unkillable:
-        pytest.fail(f"Slurm could not end a step of this test: {'; '.join(unkillable)}", pytrace=False)
+        left = [
+            f"{report}:\n" + "\n".join(summarize(report.read_text(errors="replace")))
+            for report in slurm_cluster.layout.unkillable_reports()
+            if report not in before
+        ]  # what slurmstepd found still there when it gave up (devcluster/unkillable.py)
+        message = f"Slurm could not end a step of this test: {'; '.join(unkillable)}"
+        pytest.fail("\n".join([message, *left]), pytrace=False)

@@ -1,0 +1,46 @@
+"""What the local cluster records when Slurm cannot end a step (its node is then drained "Kill task failed"):
+the program slurmstepd runs after UnkillableStepTimeout, and the part of its report that names the step's
+leftovers."""
+
+from __future__ import annotations
+
+# slurmstepd runs this when a step's processes outlive SIGKILL for UnkillableStepTimeout, before Slurm drains
+# the node ("Kill task failed"): every process, and the kernel stack of each thread in D or Z state.
+UNKILLABLE_STEP_PROGRAM = """#!/bin/sh
+out=@LOG_DIR@/"unkillable-${SLURM_JOB_ID:-job}.${SLURM_STEP_ID:-step}.$$.txt"
+{
+    echo "job ${SLURM_JOB_ID:-?} step ${SLURM_STEP_ID:-?}, slurmstepd $PPID, $(date '+%Y-%m-%dT%H:%M:%S')"
+    ps -eo pid,ppid,pgid,nlwp,stat,wchan:32,etimes,args --forest
+    for dir in /proc/[0-9]*/task/[0-9]*; do
+        state=$(sed 's/.*) //' "$dir/stat" 2>/dev/null | cut -d' ' -f1)
+        case "$state" in
+            D|Z) pid=${dir#/proc/}; pid=${pid%%/*}
+                 echo "== $pid thread ${dir##*/} $state: $(tr '\\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null)"
+                 cat "$dir/stack" 2>/dev/null ;;
+        esac
+    done
+} > "$out" 2>&1
+"""
+
+
+def summarize(report: str) -> list[str]:
+    """The report's first line, the slurmstepd's subtree of the process list, and the D/Z threads."""
+    lines = report.splitlines()
+    if len(lines) < 2 or "COMMAND" not in lines[1]:
+        return lines[:1]
+    stepd = lines[0].split("slurmstepd ", 1)[-1].split(",", 1)[0]
+    column = lines[1].index("COMMAND")  # ps aligns its columns: the tree's indentation starts here
+
+    def depth(line: str) -> int:
+        args = line[column:]
+        return len(args) - len(args.lstrip(" \\_|"))
+
+    subtree: list[str] = []
+    for line in lines[2:]:
+        if line.startswith("== "):
+            break
+        if subtree and depth(line) <= depth(subtree[0]):
+            break
+        if subtree or line.split(None, 1)[:1] == [stepd]:
+            subtree.append(line)
+    return [lines[0], *subtree, *(line for line in lines if line.startswith("== "))]
