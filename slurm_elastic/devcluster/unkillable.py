@@ -5,7 +5,8 @@ leftovers."""
 from __future__ import annotations
 
 # slurmstepd runs this when a step's processes outlive SIGKILL for UnkillableStepTimeout, before Slurm drains
-# the node ("Kill task failed"): every process, and the kernel stack of each thread in D or Z state.
+# the node ("Kill task failed"): every process, the kernel stack of each thread in D or Z state, and where
+# the slurmstepd's own threads wait (the step may be stuck in slurmstepd rather than in its tasks).
 UNKILLABLE_STEP_PROGRAM = """#!/bin/sh
 out=@LOG_DIR@/"unkillable-${SLURM_JOB_ID:-job}.${SLURM_STEP_ID:-step}.$$.txt"
 {
@@ -19,12 +20,16 @@ out=@LOG_DIR@/"unkillable-${SLURM_JOB_ID:-job}.${SLURM_STEP_ID:-step}.$$.txt"
                  cat "$dir/stack" 2>/dev/null ;;
         esac
     done
+    for dir in /proc/$PPID/task/[0-9]*; do  # slurmstepd itself: where each of its threads waits
+        echo "== slurmstepd $PPID thread ${dir##*/} $(cat "$dir/wchan" 2>/dev/null)"
+        cat "$dir/stack" 2>/dev/null
+    done
 } > "$out" 2>&1
 """
 
 
 def summarize(report: str) -> list[str]:
-    """The report's first line, the slurmstepd's subtree of the process list, and the D/Z threads."""
+    """The report's first line, the slurmstepd's subtree of the process list, and the threads' stacks."""
     lines = report.splitlines()
     if len(lines) < 2 or "COMMAND" not in lines[1]:
         return lines[:1]
@@ -35,12 +40,11 @@ def summarize(report: str) -> list[str]:
         args = line[column:]
         return len(args) - len(args.lstrip(" \\_|"))
 
+    stacks = next((i for i, line in enumerate(lines) if line.startswith("== ")), len(lines))
     subtree: list[str] = []
-    for line in lines[2:]:
-        if line.startswith("== "):
-            break
+    for line in lines[2:stacks]:
         if subtree and depth(line) <= depth(subtree[0]):
             break
         if subtree or line.split(None, 1)[:1] == [stepd]:
             subtree.append(line)
-    return [lines[0], *subtree, *(line for line in lines if line.startswith("== "))]
+    return [lines[0], *subtree, *lines[stacks:]]
