@@ -34,6 +34,10 @@ def guard_optimizer(
             return
         real_zero_grad(set_to_none)
 
+    if hasattr(real_step, "_wrapped_by_lr_sched"):
+        # An LR scheduler built before the job checks its mark on `step` (else it warns at every step that
+        # `step` was overridden); the job's real step still goes through the scheduler's wrapper.
+        step._wrapped_by_lr_sched = True  # type: ignore[attr-defined]
     # Bound methods (not plain functions): an LR scheduler built later wraps `step` through `__func__`.
     optimizer.step = types.MethodType(step, optimizer)  # type: ignore[method-assign]
     optimizer.zero_grad = types.MethodType(zero_grad, optimizer)  # type: ignore[method-assign]
