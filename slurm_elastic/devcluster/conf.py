@@ -183,6 +183,8 @@ def render_slurm_conf(conf: ClusterConf) -> str:
         # A step whose processes outlive SIGKILL drains its node ("Kill task failed"): record what was left.
         "UnkillableStepTimeout=60",
         f"UnkillableStepProgram={s / 'unkillable-step'}",
+        # slurmstepd logs its teardown (output, task exit and completion messages) at debug and debug2.
+        "SlurmdDebug=debug2",
         "MinJobAge=300",
         "JobRequeue=1",
         "PreemptType=preempt/partition_prio",

@@ -69,6 +69,9 @@ class Layout:
     def unkillable_reports(self) -> list[Path]:
         return sorted(self.log_dir.glob("unkillable-*.txt"))
 
+    def slurmd_logs(self) -> list[Path]:
+        return sorted(self.log_dir.glob("slurmd.*.log"))
+
     @property
     def save_dir(self) -> Path:
         return self.state_dir / "state"

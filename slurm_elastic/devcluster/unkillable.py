@@ -5,8 +5,9 @@ leftovers."""
 from __future__ import annotations
 
 # slurmstepd runs this when a step's processes outlive SIGKILL for UnkillableStepTimeout, before Slurm drains
-# the node ("Kill task failed"): every process, the kernel stack of each thread in D or Z state, and where
-# the slurmstepd's own threads wait (the step may be stuck in slurmstepd rather than in its tasks).
+# the node ("Kill task failed"): every process, the kernel stack of each thread in D or Z state, where
+# the slurmstepd's own threads wait (the step may be stuck in slurmstepd rather than in its tasks), and who
+# else holds slurmstepd's pipes (it waits for the tasks' output until every writer closed it).
 UNKILLABLE_STEP_PROGRAM = """#!/bin/sh
 out=@LOG_DIR@/"unkillable-${SLURM_JOB_ID:-job}.${SLURM_STEP_ID:-step}.$$.txt"
 {
@@ -23,6 +24,16 @@ out=@LOG_DIR@/"unkillable-${SLURM_JOB_ID:-job}.${SLURM_STEP_ID:-step}.$$.txt"
     for dir in /proc/$PPID/task/[0-9]*; do  # slurmstepd itself: where each of its threads waits
         echo "== slurmstepd $PPID thread ${dir##*/} $(cat "$dir/wchan" 2>/dev/null)"
         cat "$dir/stack" 2>/dev/null
+    done
+    # slurmstepd waits for its tasks' output until every writer closed the pipe: anyone else who holds
+    # one (an orphan outside the step's process tree) keeps the step from ending.
+    pipes=" $(find /proc/$PPID/fd -lname 'pipe:*' -printf '%l ' 2>/dev/null)"
+    find /proc/[0-9]*/fd -lname 'pipe:*' -printf '%h %l\\n' 2>/dev/null | while read -r dir pipe; do
+        pid=${dir#/proc/}; pid=${pid%%/*}
+        case "$pipes" in
+            *" $pipe "*) [ "$pid" = "$PPID" ] ||
+                echo "== $pipe of slurmstepd also held by $pid: $(tr '\\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null)" ;;
+        esac
     done
 } > "$out" 2>&1
 """
@@ -48,3 +59,19 @@ def summarize(report: str) -> list[str]:
         if subtree or line.split(None, 1)[:1] == [stepd]:
             subtree.append(line)
     return [lines[0], *subtree, *lines[stacks:]]
+
+
+def report_step(name: str) -> tuple[str, str]:
+    """The job and step a report (`unkillable-<job>.<step>.<pid>.txt`) is about."""
+    job, step = name.removeprefix("unkillable-").split(".")[:2]
+    return job, step
+
+
+def step_log(slurmd_log: str, job: str, step: str, last: int = 40) -> list[str]:
+    """The last lines slurmstepd logged for `job.step` in a node's slurmd log, if it gave up on it there:
+    at debug2 they say how far the step's teardown got (its output, the task exit and completion messages)."""
+    tag = f"[{job}.{step}]"
+    lines = [line for line in slurmd_log.splitlines() if tag in line]
+    if not any("STEPD TERMINATED" in line for line in lines):
+        return []
+    return lines[-last:]

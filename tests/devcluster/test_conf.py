@@ -98,6 +98,7 @@ def test_core_settings(version: SlurmVersion) -> None:
     assert s["SlurmdTimeout"] == "30"
     assert s["SlurmctldTimeout"] == "30"
     assert s["KillWait"] == "5"
+    assert s["SlurmdDebug"] == "debug2"  # slurmstepd's teardown is in the node's log
     # A requeued job waits cred_expire seconds (Slurm's default 120) before it may start again.
     assert s["AuthInfo"] == "cred_expire=10"
     # Every file lives under the state dir, and %n gives each slurmd its own spool, pid file and log.

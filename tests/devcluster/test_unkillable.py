@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from slurm_elastic.devcluster.layout import Layout
-from slurm_elastic.devcluster.unkillable import UNKILLABLE_STEP_PROGRAM, summarize
+from slurm_elastic.devcluster.unkillable import UNKILLABLE_STEP_PROGRAM, report_step, step_log, summarize
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.skipif(sys.platform != "linux", reason="needs /proc")]
 
@@ -23,22 +23,28 @@ def test_the_unkillable_step_program_records_every_process_and_the_zombies(tmp_p
     layout.unkillable_program.write_text(UNKILLABLE_STEP_PROGRAM.replace("@LOG_DIR@", f"'{layout.log_dir}'"))
     layout.unkillable_program.chmod(0o755)
     # A parent that never reaps its child: the child stays a zombie, as a process a step could not end.
+    # It also holds the write end of a pipe whose read end this test (the "slurmstepd") has, as an orphan
+    # that kept a task's output open would.
+    read_end, write_end = os.pipe()
     parent = subprocess.Popen(
         [sys.executable, "-c", "import os, sys, time; pid = os.fork()\nif pid == 0: os._exit(0)\n"
          "print(pid, flush=True); time.sleep(60)"],
-        stdout=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE, text=True, pass_fds=(write_end,),
     )  # fmt: skip
+    os.close(write_end)
     try:
         assert parent.stdout is not None
         zombie = int(parent.stdout.readline())
         while Path(f"/proc/{zombie}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
             time.sleep(0.01)
-        env = {**os.environ, "SLURM_JOB_ID": "26", "SLURM_STEP_ID": "0"}
+        env = {"SLURM_JOB_ID": "26", "SLURM_STEP_ID": "0"}  # all slurmstepd gives it: no PATH
         subprocess.run([str(layout.unkillable_program)], env=env, check=True, timeout=30)
     finally:
         parent.kill()
         parent.wait()
         parent.stdout.close()  # type: ignore[union-attr]
+        pipe = os.readlink(f"/proc/self/fd/{read_end}")
+        os.close(read_end)
     (report,) = layout.unkillable_reports()
     assert report.name.startswith("unkillable-26.0.")
     text = report.read_text()
@@ -52,4 +58,20 @@ def test_the_unkillable_step_program_records_every_process_and_the_zombies(tmp_p
     assert pids[0] == str(os.getpid()) and str(parent.pid) in pids and str(zombie) in pids
     assert any(line.startswith(f"== {zombie} thread {zombie} Z:") for line in summary)
     assert any(line.startswith(f"== slurmstepd {os.getpid()} thread {os.getpid()} ") for line in summary)
+    held = f"== {pipe} of slurmstepd also held by {parent.pid}: {sys.executable} -c import os"
+    assert any(line.startswith(held) for line in summary)
     assert len(summary) < len(text.splitlines()) / 2  # not the whole machine
+
+
+def test_a_report_names_its_step_and_the_step_log_says_how_far_the_teardown_got() -> None:
+    assert report_step("unkillable-26.0.4711.txt") == ("26", "0")
+    log = "\n".join([
+        "[2026-12-01T00:15:24.729] launch task StepId=26.0 request from UID:0",
+        "[2026-12-01T00:15:33.700] [26.0] debug:  Waiting for IO",
+        "[2026-12-01T00:15:33.700] [26.1] debug:  Waiting for IO",
+        "[2026-12-01T00:15:33.700] [126.0] debug:  Waiting for IO",
+        "[2026-12-01T00:16:34.000] [26.0] error: *** STEP 26.0 STEPD TERMINATED ON n4 AT 2026-12-01T00:16:33 ***",
+    ])  # fmt: skip
+    assert [line[-16:] for line in step_log(log, "26", "0")] == ["  Waiting for IO", log[-16:]]
+    assert step_log(log, "26", "0", last=1) == [log.splitlines()[-1]]
+    assert step_log(log, "26", "1") == []  # slurmstepd did not give up on 26.1 on this node

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from slurm_elastic.devcluster import LocalCluster
-from slurm_elastic.devcluster.unkillable import summarize
+from slurm_elastic.devcluster.unkillable import report_step, step_log, summarize
 
 _HERE = Path(__file__).parent
 
@@ -63,10 +63,12 @@ def nodes_back_in_service(slurm_cluster: LocalCluster) -> Iterator[None]:
         warnings.warn(f"{node} was left {state} ({reason or 'no reason'}); resumed", stacklevel=1)
     unkillable = [f"{node}: {reason}" for node, _, reason in found if "Kill task failed" in reason]
     if unkillable:
-        left = [
-            f"{report}:\n" + "\n".join(summarize(report.read_text(errors="replace")))
-            for report in slurm_cluster.layout.unkillable_reports()
-            if report not in before
-        ]  # what slurmstepd found still there when it gave up (devcluster/unkillable.py)
+        left = []  # what slurmstepd found still there when it gave up, and how far it got (devcluster/unkillable.py)
+        for report in slurm_cluster.layout.unkillable_reports():
+            if report in before:
+                continue
+            left += [f"{report}:", *summarize(report.read_text(errors="replace"))]
+            for log in slurm_cluster.layout.slurmd_logs():
+                left += step_log(log.read_text(errors="replace"), *report_step(report.name))
         message = f"Slurm could not end a step of this test: {'; '.join(unkillable)}"
         pytest.fail("\n".join([message, *left]), pytrace=False)
