@@ -32,6 +32,7 @@ from slurm_elastic.wire.messages import (
     Ack,
     DrainRequest,
     Heartbeat,
+    HoldNode,
     KillWorker,
     RegisterNode,
     RestartWorkers,
@@ -110,6 +111,7 @@ class Agent:
         self._coordinator_lost = False
         self._last_heard = time.monotonic()
         self._failed_after_end: list[str] = []
+        self._hold_s: float | None = None  # the node goes back to Slurm by a shrink: wait for it (HoldNode)
 
     # --- workers --------------------------------------------------------------------------------------
 
@@ -231,6 +233,8 @@ class Agent:
                     self._signal_workers(signal.SIGKILL)
                 elif isinstance(message, Stop):
                     self._stop = message
+                elif isinstance(message, HoldNode):
+                    self._hold_s = message.hold_s
                 self._lock.notify_all()
 
     def _kill(self, worker_id: str, reason: str) -> None:
@@ -320,15 +324,33 @@ class Agent:
         self._terminate_workers()
         remove_job_cache({**os.environ, "SLURM_ELASTIC_JOB_ID": self.config.job_id})  # the workers' data copies
         code = self._exit_code()  # before closing: the reader thread takes a closed channel for a lost coordinator
-        if self._channel is not None:
-            self._channel.close()
         # srun's own status is unreliable once Slurm cancelled the step: tell the batch script here.
         marker = os.environ.get("SLURM_ELASTIC_EXIT_MARKER")
         exits = os.environ.get("SLURM_ELASTIC_EXIT_DIR")
         for path in filter(None, (marker, exits and os.path.join(exits, self.config.node))):
             with contextlib.suppress(OSError), open(path, "w") as fh:
                 fh.write(f"{code}\n")
+        self._hold_for_slurm()
+        if self._channel is not None:
+            self._channel.close()
         return code
+
+    def _hold_for_slurm(self) -> None:
+        """A node given back by a shrink: stay (everything already cleaned up) until Slurm ends this task.
+        Slurm 22.05's slurmstepd drains a node ("Kill task failed") when a shrink's kill reaches a step part
+        whose task has just exited by itself: that kill starts its unkillable-step timer after the teardown
+        had stopped it, and nothing stops it again while the teardown still waits for srun. A task that is
+        alive when the kill comes ends the ordinary way. Bounded: the job stopping or `hold_s` end it too."""
+        with self._lock:
+            if self._hold_s is None or self._coordinator_lost or self._stop is not None:
+                return
+            deadline = time.monotonic() + self._hold_s
+            log.info("node_held_for_slurm", node=self.config.node, hold_s=self._hold_s)
+            while not (self._signalled or self._stop is not None or self._coordinator_lost):
+                if time.monotonic() >= deadline:
+                    log.warning("node_hold_expired", node=self.config.node, hold_s=self._hold_s)
+                    return
+                self._lock.wait(0.2)
 
     def _exit_code(self) -> int:
         if self._coordinator_lost:

@@ -9,6 +9,7 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
 
 from slurm_elastic.commands.common import fail
 from slurm_elastic.errors import ElasticError, SlurmError
@@ -94,16 +95,32 @@ def choose_nodes_to_reclaim(status: msg.StatusReply, core_job: str, batch_host: 
     return chosen
 
 
-def _drain_and_wait(handle: JobHandle, nodes: list[str], timeout: float) -> bool:
-    """Drain `nodes` at the next step boundary; True once they left the job."""
-    print(f"reclaim: draining {', '.join(nodes)} from job {handle.job_id} at the next step boundary")
-    _ask(handle, msg.DrainRequest(nodes=nodes, mode="boundary", reason="reclaimed by an operator", source="reclaim"))
-    deadline = time.monotonic() + timeout
-    while set(nodes) & set(status_of(handle).nodes):
+def _drain(handle: JobHandle, nodes: list[str], hold_s: float = 0.0) -> None:
+    """Drain `nodes` at the next step boundary; with `hold_s`, their agents then wait for Slurm's shrink."""
+    if nodes:
+        print(f"reclaim: draining {', '.join(nodes)} from job {handle.job_id} at the next step boundary")
+        reason = "reclaimed by an operator"
+        _ask(handle, msg.DrainRequest(nodes=nodes, mode="boundary", reason=reason, source="reclaim", hold_s=hold_s))
+
+
+def _wait_until(check: Callable[[], bool], deadline: float) -> bool:
+    while not check():
         if time.monotonic() > deadline:
             return False
         time.sleep(0.2)
     return True
+
+
+def trains_on(status: msg.StatusReply, nodes: list[str]) -> bool:
+    """Whether any of `nodes` still hosts a worker of the job, or a drain that has not happened yet."""
+    return bool(set(nodes) & ({m.node for m in status.members} | set(status.draining)))
+
+
+def _agents_gone(handle: JobHandle, nodes: list[str]) -> bool:
+    try:
+        return not set(nodes) & set(status_of(handle).nodes)
+    except ElasticError:  # the job ended meanwhile, and its agents with it
+        return True
 
 
 def run_reclaim_local(args: argparse.Namespace, handle: JobHandle) -> int:
@@ -111,7 +128,8 @@ def run_reclaim_local(args: argparse.Namespace, handle: JobHandle) -> int:
 
     status = status_of(handle)
     nodes = choose_local_nodes_to_reclaim(status.nodes, registered_nodes(job_dir(args.job)), args.nodes, args.job)
-    if not _drain_and_wait(handle, nodes, args.timeout):
+    _drain(handle, nodes)
+    if not _wait_until(lambda: _agents_gone(handle, nodes), time.monotonic() + args.timeout):
         return fail(f"nodes {nodes} did not leave job {args.job} within {args.timeout:.0f} s", 1)
     print(f"reclaim: released {', '.join(nodes)} (their agents exit by themselves)")
     return 0
@@ -131,10 +149,17 @@ def run_reclaim(args: argparse.Namespace) -> int:
     status = status_of(handle)
     nodes = choose_nodes_to_reclaim(status, args.job, core.batch_host, args.nodes)
     deadline = time.monotonic() + args.timeout
-    if not _drain_and_wait(handle, nodes, args.timeout):
-        return fail(f"nodes {nodes} did not leave job {args.job} within {args.timeout:.0f} s", 1)
     satellites = {status.node_jobs[n] for n in nodes if status.node_jobs.get(n) not in (None, args.job)}
     core_nodes = [n for n in nodes if status.node_jobs.get(n) in (None, args.job)]
+    satellite_nodes = [n for n in nodes if n not in core_nodes]
+    _drain(handle, satellite_nodes)  # a satellite's job ends with its agent, then it is cancelled
+    _drain(handle, core_nodes, hold_s=min(args.timeout, 3600.0))  # the shrink should find their agents alive
+
+    def left() -> bool:
+        return not trains_on(status_of(handle), nodes) and _agents_gone(handle, satellite_nodes)
+
+    if not _wait_until(left, deadline):
+        return fail(f"nodes {nodes} did not leave job {args.job} within {args.timeout:.0f} s", 1)
     try:
         for job_id in sorted(s for s in satellites if s):
             backend.cancel(job_id)
@@ -151,6 +176,8 @@ def run_reclaim(args: argparse.Namespace) -> int:
             time.sleep(0.5)
     except SlurmError as exc:
         return fail(f"the nodes left the training job, but Slurm did not release them: {exc}", 1)
+    if not _wait_until(lambda: _agents_gone(handle, nodes), deadline):
+        return fail(f"Slurm released {nodes}, but their agents did not end within {args.timeout:.0f} s", 1)
     print(f"reclaim: released {', '.join(nodes)}")
     return 0
 

@@ -386,6 +386,9 @@ class Coordinator:
     def _on_drain(self, d: msg.DrainRequest) -> msg.Ack:
         self.drained_nodes.update(d.nodes)
         self.events.emit("drain_requested", nodes=d.nodes, mode=d.mode, reason=d.reason, source=d.source)
+        if d.hold_s > 0:  # told before their workers leave, so that no agent exits first
+            for node in d.nodes:
+                self._send(self.agents.get(node), msg.HoldNode(hold_s=d.hold_s))
         outcome = self._feed(m.Drain(tuple(d.nodes), d.mode, d.reason))
         return msg.Ack(ok=True, detail=outcome.reason)
 

@@ -224,6 +224,14 @@ class RestartWorkers(_Msg):
     reason: str
 
 
+class HoldNode(_Msg):
+    """The node is being given back to Slurm by a shrink: once its workers have left, the agent stays until
+    Slurm ends it, the job stops, or `hold_s` has passed."""
+
+    type: Literal["hold_node"] = "hold_node"
+    hold_s: float = Field(gt=0, le=3600)
+
+
 # --- clients (CLI, hooks, agents) -> coordinator ----------------------------------------------------
 
 
@@ -235,6 +243,8 @@ class DrainRequest(_Msg):
     mode: DrainMode = "boundary"
     reason: str = Field(default="requested", max_length=500)
     source: str = Field(default="client", max_length=64)
+    # > 0: the nodes go back to Slurm by a shrink, which should find their agents alive (HoldNode).
+    hold_s: float = Field(default=0.0, ge=0, le=3600)
 
 
 class KeepPending(_Msg):
@@ -337,6 +347,7 @@ Message = Annotated[
     | WorkerExited
     | KillWorker
     | RestartWorkers
+    | HoldNode
     | DrainRequest
     | KeepPending
     | StatusRequest

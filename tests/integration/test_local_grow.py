@@ -16,11 +16,15 @@ from pathlib import Path
 
 import pytest
 
+from slurm_elastic.commands.jobs import trains_on
 from slurm_elastic.config import JobConfig
 from slurm_elastic.events import read_events
+from slurm_elastic.jobdir import JobHandle
 from slurm_elastic.launch.local import LocalJob
 from slurm_elastic.launch.localgrow import choose_local_nodes_to_reclaim, next_node_names, registered_nodes
 from slurm_elastic.ledger import analyze
+from slurm_elastic.wire import messages as msg
+from slurm_elastic.wire.channel import request
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -126,3 +130,40 @@ def _wait_or_kill(pid: int, timeout: float = 30.0) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pid, signal.SIGKILL)
     pytest.fail(f"the grown agent {pid} did not end with the job")
+
+
+def test_an_agent_whose_node_goes_back_by_a_shrink_stays_until_it_is_ended(tmp_path: Path) -> None:
+    """`reclaim` on Slurm asks the drained nodes' agents to hold (their workers leave at a step boundary, the
+    agent stays) so that Slurm's shrink ends a live task; a signal ends the hold, and the job trains on."""
+    gate = tmp_path / "gate"
+    command = [sys.executable, str(GATED), "--epochs", "2", "--samples", "240", "--batch-size", "16"]
+    config = JobConfig(
+        nodes=3, heartbeat_interval_s=0.2, lease_timeout_s=3.0, max_restarts=0, progress_interval_s=1000.0,
+        ledger_dir=tmp_path / "ledger", reduce_dtype="float64",
+    )  # fmt: skip
+    logs = tmp_path / "logs"
+    job = LocalJob(command, config, extra_env={"SE_TEST_GATES": f"6:{gate}"}, log_dir=logs, root=tmp_path / "home")
+    job.start()
+    try:
+        job.wait_until(lambda v: v.last_step >= 5, timeout=180)
+        handle = JobHandle.read(job.dir)
+        drain = msg.DrainRequest(nodes=["local3"], reason="reclaimed", source="reclaim", hold_s=120.0)
+        assert isinstance(request(handle.address, drain, secret=handle.secret, job_id=handle.job_id), msg.Ack)
+        gate.touch()
+        held = logs / "local3.log"
+        job.wait_until(lambda v: "node_held_for_slurm" in held.read_text(errors="replace"), timeout=120)
+        assert job.coordinator is not None
+        status = job.coordinator.status()
+        assert not trains_on(status, ["local3"]), "its workers left at the boundary"
+        assert "local3" in status.nodes and job.agents["local3"].poll() is None, "its agent holds the node"
+        job.kill_node("local3", signal.SIGTERM)  # what Slurm sends first when it ends a task
+        assert job.agents["local3"].wait(timeout=30) == 0
+        result = job.wait(timeout=180)
+    finally:
+        gate.touch()
+        job.stop()
+    assert result.ok, f"{result.phase}: {result.reason}"
+    changes = [e["world"] for e in read_events(job.dir / "events.jsonl") if e["event"] == "membership_change"]
+    assert changes == [3, 2], changes
+    ledger = analyze(tmp_path / "ledger")
+    assert (ledger.duplicate_samples, ledger.skipped_samples) == (0, 0)

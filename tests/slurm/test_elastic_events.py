@@ -78,7 +78,13 @@ def test_reclaim_drains_at_a_boundary_and_releases_the_nodes(jobs: list[ElasticS
     changes = job.events("membership_change")
     assert changes[-1]["cause"] == "drain" and changes[-1]["boundary_step"] is not None
     assert not job.events("recovered")  # nothing aborted, nothing re-run
+    # The released nodes' agents were still there when the shrink came: Slurm ended them (none exited by
+    # itself as the kill arrived, which can leave slurmstepd hanging until Slurm drains the node).
+    released = {"n1", "n2", "n3", "n4"} - set(info.nodes)
+    assert released <= {e["node"] for e in job.events("node_lost")}  # reclaim waited for them to end
     job.wait_finished()
+    killed = [line for line in job.output().splitlines() if line.startswith("srun: error: ") and "Killed" in line]
+    assert {line.split()[2].rstrip(":") for line in killed} == released, killed
     job.assert_same_training(reference_model(tmp_path.parent, 40))
 
 

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from slurm_elastic.commands.jobs import choose_nodes_to_reclaim, render_status
+from slurm_elastic.commands.jobs import choose_nodes_to_reclaim, render_status, trains_on
 from slurm_elastic.decide.slurm_watch import drains_for, satellites_to_submit
 from slurm_elastic.errors import ElasticError
 from slurm_elastic.slurm import NodeInfo
@@ -37,6 +37,15 @@ def test_reclaim_takes_satellites_first_then_core_nodes_from_the_last_never_the_
     assert choose_nodes_to_reclaim(s, "10", "n1", 4) == ["n4", "n5", "n3", "n2"]
     with pytest.raises(ElasticError, match=r"at most 4 nodes.*batch host n1 stays"):
         choose_nodes_to_reclaim(s, "10", "n1", 5)
+
+
+def test_a_reclaimed_node_has_left_once_it_hosts_no_worker_and_no_pending_drain() -> None:
+    s = status({"n1": "10", "n2": "10", "n3": "10"})
+    assert trains_on(s, ["n3"]) and trains_on(s, ["n4", "n3"])
+    assert not trains_on(s, ["n4"])  # an agent without workers (a held one) trains nothing
+    gone = s.model_copy(update={"members": [m for m in s.members if m.node != "n3"]})
+    assert not trains_on(gone, ["n3"])
+    assert trains_on(gone.model_copy(update={"draining": ["n3"]}), ["n3"])  # the drain has not happened yet
 
 
 def test_status_names_the_generation_members_and_satellites() -> None:
