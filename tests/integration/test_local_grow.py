@@ -136,7 +136,10 @@ def test_an_agent_whose_node_goes_back_by_a_shrink_stays_until_it_is_ended(tmp_p
     """`reclaim` on Slurm asks the drained nodes' agents to hold (their workers leave at a step boundary, the
     agent stays) so that Slurm's shrink ends a live task; a signal ends the hold, and the job trains on."""
     gate = tmp_path / "gate"
-    command = [sys.executable, str(GATED), "--epochs", "2", "--samples", "240", "--batch-size", "16"]
+    command = [
+        sys.executable, str(GATED), "--epochs", "2", "--samples", "240", "--batch-size", "16",
+        "--snapshot", str(tmp_path / "snapshot.pt"),
+    ]  # fmt: skip
     config = JobConfig(
         nodes=3, heartbeat_interval_s=0.2, lease_timeout_s=3.0, max_restarts=0, progress_interval_s=1000.0,
         ledger_dir=tmp_path / "ledger", reduce_dtype="float64",
