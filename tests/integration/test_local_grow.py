@@ -135,7 +135,7 @@ def _wait_or_kill(pid: int, timeout: float = 30.0) -> None:
 def test_an_agent_whose_node_goes_back_by_a_shrink_stays_until_it_is_ended(tmp_path: Path) -> None:
     """`reclaim` on Slurm asks the drained nodes' agents to hold (their workers leave at a step boundary, the
     agent stays) so that Slurm's shrink ends a live task; a signal ends the hold, and the job trains on."""
-    gate = tmp_path / "gate"
+    gate, after = tmp_path / "gate", tmp_path / "after"  # the drain's step, and one the test lets pass later
     command = [
         sys.executable, str(GATED), "--epochs", "2", "--samples", "240", "--batch-size", "16",
         "--snapshot", str(tmp_path / "snapshot.pt"),
@@ -145,7 +145,9 @@ def test_an_agent_whose_node_goes_back_by_a_shrink_stays_until_it_is_ended(tmp_p
         ledger_dir=tmp_path / "ledger", reduce_dtype="float64",
     )  # fmt: skip
     logs = tmp_path / "logs"
-    job = LocalJob(command, config, extra_env={"SE_TEST_GATES": f"6:{gate}"}, log_dir=logs, root=tmp_path / "home")
+    job = LocalJob(
+        command, config, extra_env={"SE_TEST_GATES": f"6:{gate},9:{after}"}, log_dir=logs, root=tmp_path / "home"
+    )
     job.start()
     try:
         job.wait_until(lambda v: v.last_step >= 5, timeout=180)
@@ -161,9 +163,11 @@ def test_an_agent_whose_node_goes_back_by_a_shrink_stays_until_it_is_ended(tmp_p
         assert "local3" in status.nodes and job.agents["local3"].poll() is None, "its agent holds the node"
         job.kill_node("local3", signal.SIGTERM)  # what Slurm sends first when it ends a task
         assert job.agents["local3"].wait(timeout=30) == 0
+        after.touch()
         result = job.wait(timeout=180)
     finally:
         gate.touch()
+        after.touch()
         job.stop()
     assert result.ok, f"{result.phase}: {result.reason}"
     changes = [e["world"] for e in read_events(job.dir / "events.jsonl") if e["event"] == "membership_change"]
