@@ -152,7 +152,8 @@ def run_interruptibly(fn: Callable[[], Any], interrupt: Interrupt, what: str) ->
     _helpers.add(thread)
     thread.start()
     if not interrupt.wait(waiter):
-        raise Interrupted(what)
+        raise Interrupted(what)  # the helper may stay blocked: `leftovers` counts it until it ends
+    _helpers.discard(thread)  # done, so never a leftover (kept, one thread object a call would pile up)
     if "error" in box:
         raise CollectiveFailed(f"{what}: {box['error']}") from box["error"]
     return box["value"]
