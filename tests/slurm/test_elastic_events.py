@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from slurm_elastic.devcluster import LocalCluster
+from slurm_elastic.faults import FaultPlan
 
 from .elastic_jobs import ElasticSlurmJob, job_env, reference_model, submit_core
 
@@ -98,4 +99,22 @@ def test_a_suspended_and_resumed_job_evicts_no_one(jobs: list[ElasticSlurmJob], 
     job.wait_finished()
     assert worlds(job) == [4], "nobody was evicted or lost"
     assert not job.events("node_unresponsive") and not job.events("hang_evicted") and not job.events("node_lost")
+    job.assert_same_training(reference_model(tmp_path.parent, 40))
+
+
+def test_every_holder_lost_restarts_the_workers_from_the_latest_checkpoint(
+    jobs: list[ElasticSlurmJob], tmp_path: Path
+) -> None:
+    """Every worker SIGKILLed in the same step, so no peer holds the state: through the sbatch template as
+    on the local launcher, the agents start them again and they resume from the periodic checkpoint."""
+    plan = FaultPlan()
+    for node in ("n1", "n2", "n3", "n4"):
+        plan = plan.kill(node, step=15, phase="backward")  # incarnation 0 only: the restarted ones live
+    restarts = {"SLURM_ELASTIC_MAX_RESTARTS": "2"}
+    job = submit_core(tmp_path / "fallback", nodes="4", steps=40, pause=0.3, env={**plan.to_env(), **restarts})
+    jobs.append(job)
+    job.wait_finished()
+    (fallback,) = job.events("checkpoint_fallback")
+    assert fallback["resume_step"] == 10 and fallback["last_committed_step"] == 14  # a checkpoint every 10
+    assert job.events("restart_all") and not job.events("job_failed")
     job.assert_same_training(reference_model(tmp_path.parent, 40))
