@@ -12,14 +12,18 @@ from slurm_elastic.worker.comm import Interrupt, Interrupted, leftovers, run_int
 pytestmark = pytest.mark.timeout(30)
 
 
+def helpers(name: str) -> list[threading.Thread]:
+    return [t for t in comm._helpers if t.name == f"se-{name}"]
+
+
 def test_completed_calls_leave_no_helper_thread_behind() -> None:
     interrupt = Interrupt()
     assert [run_interruptibly(lambda i=i: i, interrupt, "call") for i in range(50)] == list(range(50))
-    calls = [t for t in comm._helpers if t.name == "se-call"]
-    assert len(calls) < 10  # one thread object per call piled up over a whole run
-    for t in calls:
+    assert len(helpers("call")) < 10  # one thread object per call piled up over a whole run
+    for t in helpers("call"):
         t.join(5)
-    assert not leftovers()  # counted only while its thread had not ended
+    run_interruptibly(lambda: None, interrupt, "next")
+    assert not helpers("call"), "ended helpers are pruned as the next call starts"
 
 
 def test_an_interrupted_call_still_blocked_is_a_leftover_until_it_ends() -> None:
@@ -28,9 +32,9 @@ def test_an_interrupted_call_still_blocked_is_a_leftover_until_it_ends() -> None
     interrupt.set()
     with pytest.raises(Interrupted):
         run_interruptibly(lambda: release.wait(10), interrupt, "blocked")
-    assert leftovers()
-    blocked = [t for t in comm._helpers if t.name == "se-blocked"]
+    (blocked,) = helpers("blocked")
+    assert leftovers()  # the worker's exit would skip interpreter finalization now
     release.set()
-    for t in blocked:
-        t.join(5)
-    assert not leftovers()
+    blocked.join(5)
+    leftovers()
+    assert not helpers("blocked"), "no longer counted once its thread ended"
