@@ -149,13 +149,10 @@ def run_interruptibly(fn: Callable[[], Any], interrupt: Interrupt, what: str) ->
             waiter.complete()
 
     thread = threading.Thread(target=target, name=f"se-{what}", daemon=True)
-    # Counted until its thread has ended (not only its call: the process may exit while it winds down);
-    # the ended ones go now, or one thread object a call would pile up over a whole run.
-    _helpers.difference_update([t for t in _helpers if not t.is_alive()])
     _helpers.add(thread)
     thread.start()
     if not interrupt.wait(waiter):
-        raise Interrupted(what)  # the helper may stay blocked: `leftovers` counts it until it ends
+        raise Interrupted(what)
     if "error" in box:
         raise CollectiveFailed(f"{what}: {box['error']}") from box["error"]
     return box["value"]
