@@ -31,6 +31,21 @@ pytestmark = pytest.mark.timeout(300)
 GATED = Path(__file__).with_name("ddp_trainer_gated.py")
 
 
+def gated_job(tmp_path: Path, *, epochs: int, samples: int, gates: str) -> LocalJob:
+    """A 3-node exact-mode local job of the gated DDP trainer, its home, logs and ledger under tmp_path."""
+    command = [
+        sys.executable, str(GATED), "--epochs", str(epochs), "--samples", str(samples), "--batch-size", "16",
+        "--snapshot", str(tmp_path / "snapshot.pt"),
+    ]  # fmt: skip
+    config = JobConfig(
+        nodes=3, heartbeat_interval_s=0.2, lease_timeout_s=3.0, max_restarts=0, progress_interval_s=1000.0,
+        ledger_dir=tmp_path / "ledger", reduce_dtype="float64",
+    )  # fmt: skip
+    return LocalJob(
+        command, config, extra_env={"SE_TEST_GATES": gates}, log_dir=tmp_path / "logs", root=tmp_path / "home"
+    )
+
+
 def test_names_are_never_reused_and_the_newest_nodes_leave_first() -> None:
     assert next_node_names(["local1", "local2", "local7", "n1"], 2) == ["local8", "local9"]
     assert next_node_names([], 1) == ["local1"]
@@ -67,17 +82,7 @@ def test_reclaim_and_grow_a_local_job(tmp_path: Path) -> None:
     home = tmp_path / "home"
     env = {**os.environ, "SLURM_ELASTIC_HOME": str(home)}
     g1, g2 = tmp_path / "gate1", tmp_path / "gate2"
-    command = [
-        sys.executable, str(GATED), "--epochs", "3", "--samples", "480", "--batch-size", "16",
-        "--snapshot", str(tmp_path / "snapshot.pt"),
-    ]  # fmt: skip
-    config = JobConfig(
-        nodes=3, heartbeat_interval_s=0.2, lease_timeout_s=3.0, max_restarts=0, progress_interval_s=1000.0,
-        ledger_dir=tmp_path / "ledger", reduce_dtype="float64",
-    )  # fmt: skip
-    job = LocalJob(
-        command, config, extra_env={"SE_TEST_GATES": f"6:{g1},14:{g2}"}, log_dir=tmp_path / "logs", root=home
-    )
+    job = gated_job(tmp_path, epochs=3, samples=480, gates=f"6:{g1},14:{g2}")
     grown_pids: list[int] = []
     job.start()
     try:
@@ -136,18 +141,8 @@ def test_an_agent_whose_node_goes_back_by_a_shrink_stays_until_it_is_ended(tmp_p
     """`reclaim` on Slurm asks the drained nodes' agents to hold (their workers leave at a step boundary, the
     agent stays) so that Slurm's shrink ends a live task; a signal ends the hold, and the job trains on."""
     gate, after = tmp_path / "gate", tmp_path / "after"  # the drain's step, and one the test lets pass later
-    command = [
-        sys.executable, str(GATED), "--epochs", "2", "--samples", "240", "--batch-size", "16",
-        "--snapshot", str(tmp_path / "snapshot.pt"),
-    ]  # fmt: skip
-    config = JobConfig(
-        nodes=3, heartbeat_interval_s=0.2, lease_timeout_s=3.0, max_restarts=0, progress_interval_s=1000.0,
-        ledger_dir=tmp_path / "ledger", reduce_dtype="float64",
-    )  # fmt: skip
     logs = tmp_path / "logs"
-    job = LocalJob(
-        command, config, extra_env={"SE_TEST_GATES": f"6:{gate},9:{after}"}, log_dir=logs, root=tmp_path / "home"
-    )
+    job = gated_job(tmp_path, epochs=2, samples=240, gates=f"6:{gate},9:{after}")
     job.start()
     try:
         job.wait_until(lambda v: v.last_step >= 5, timeout=180)
