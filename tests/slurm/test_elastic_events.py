@@ -113,7 +113,7 @@ def test_every_holder_lost_restarts_the_workers_from_the_latest_checkpoint(
     restarts = {"SLURM_ELASTIC_MAX_RESTARTS": "2"}
     job = submit_core(tmp_path / "fallback", nodes="4", steps=40, pause=0.3, env={**plan.to_env(), **restarts})
     jobs.append(job)
-    job.wait_finished()
+    job.wait_finished(hurry=False)  # at the pace of a job whose nodes are all there before step 15
     (fallback,) = job.events("checkpoint_fallback")
     assert fallback["resume_step"] == 10 and fallback["last_committed_step"] == 14  # a checkpoint every 10
     assert job.events("restart_all") and not job.events("job_failed")
