@@ -42,7 +42,9 @@ def test_graceful_drain_leaves_at_a_step_boundary(runner: Runner, reference: dic
     assert_same_training(res, reference)
     drains = [c for c in membership_changes(res) if "drain" in c[0]]
     assert drains == [("drain", 4, 3)]
-    assert not res.events_of("recovered")  # a drain aborts nothing: no step is re-run
+    # A drain aborts nothing: no step is re-run. (Seen once in CI: the 3-rank group hit a gloo "Connection
+    # refused" while forming; the faults are printed so a recurrence says where.)
+    assert not res.events_of("recovered"), res.events_of("collective_fault")
 
 
 def test_sigterm_of_a_node_drains_it(runner: Runner, reference: dict[str, torch.Tensor]) -> None:
