@@ -153,7 +153,9 @@ class ElasticJob(StepRunner):
             pin_memory=data.pin_memory and device.type == "cuda",
             pool=pool,
         )
-        self._params = params
+        # The replicated path's parameters (clipping, fault hooks). A sharded job's are replaced when it moves
+        # onto a generation's mesh: holding these would keep the script's whole placeholder-mesh model alive.
+        self._params = [] if self._sharded else params
         self._interrupt = Interrupt()
         ports = ports or Ports()
         self._ports = ports

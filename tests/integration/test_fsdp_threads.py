@@ -6,7 +6,9 @@ in one process, and the ledger shows every sample used exactly once."""
 
 from __future__ import annotations
 
+import gc
 import threading
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -136,6 +138,26 @@ def test_no_fault_matches_the_one_process_training(tmp_path: Path) -> None:
     assert_exactly_once(tmp_path)
     ready = events(job, "generation_ready")[0]
     assert ready["strategy"] == "fsdp2" and ready["mirrors"] is True and "fresh start" in ready["transfer"]
+
+
+def test_the_placeholder_mesh_model_is_released_once_on_the_generation_mesh() -> None:
+    # The script's model, sharded on the one-rank placeholder mesh, holds every parameter in full; once the
+    # job has moved it onto the generation's mesh, nothing may keep those full tensors alive.
+    placeholder: dict[str, list[weakref.ref[torch.Tensor]]] = {}
+    alive: dict[str, int] = {}
+
+    def remember(job: ElasticJob) -> None:
+        params = list(job.model.parameters())
+        placeholder[job.env.node] = [weakref.ref(t) for p in params for t in (p, p._local_tensor)]  # type: ignore[attr-defined]
+
+    def check(job: ElasticJob, step: int) -> None:
+        if step == 2:
+            gc.collect()
+            alive[job.env.node] = sum(ref() is not None for ref in placeholder[job.env.node])
+
+    job = ThreadJob(trainer(gate=check, poke=remember), nodes=2, reduce_dtype="float32")
+    assert_reference(job.run(), world=2)
+    assert alive == {"t1": 0, "t2": 0}
 
 
 @pytest.mark.parametrize(
