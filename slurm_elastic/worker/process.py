@@ -12,8 +12,10 @@ import os
 import signal
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Callable
+from pathlib import Path
 from types import TracebackType
 from typing import Any
 
@@ -37,6 +39,36 @@ def _reportable(exc: BaseException) -> bool:
     if isinstance(exc, KeyboardInterrupt):
         return False
     return isinstance(exc, UsageError) or not isinstance(exc, ElasticError)
+
+
+def _runnable_threads() -> int:
+    """Threads of this process, other than the caller, that are running or waiting for a CPU (Linux)."""
+    own = threading.get_native_id()
+    count = 0
+    for tid in os.listdir("/proc/self/task"):
+        with contextlib.suppress(OSError):
+            stat = Path(f"/proc/self/task/{tid}/stat").read_text()
+            if int(tid) != own and stat.rsplit(")", 1)[1].split()[0] == "R":
+                count += 1
+    return count
+
+
+def settle_native_threads(limit_s: float = 2.0, poll_s: float = 0.01) -> bool:
+    """Wait, without the GIL, until no other thread of the process is runnable twice in a row (at most
+    `limit_s`); true if they settled.
+
+    A gloo thread frees a finished collective's tensors after the caller has moved on (the script's last
+    `full_tensor()` gathers, say), and that takes the GIL. If it comes to that only once the interpreter is
+    finalizing, Python ends the thread inside C++ and the process aborts ("terminate called without an
+    active exception"). Sleeping here, at exit while Python still runs, lets such a thread finish first."""
+    deadline = time.monotonic() + limit_s
+    quiet = 0
+    while quiet < 2:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(poll_s)
+        quiet = quiet + 1 if _runnable_threads() == 0 else 0
+    return True
 
 
 class ProcessHooks:
@@ -122,8 +154,10 @@ class ProcessHooks:
 
     def _exit_without_leftovers(self) -> None:
         """Process groups abandoned in a recovery may still block in gloo threads until their timeout; at
-        interpreter exit their C++ destructors abort the process. When any are left, end it here instead."""
+        interpreter exit their C++ destructors abort the process. When any are left, end it here instead.
+        Else let the native threads settle first (`settle_native_threads`)."""
         if not leftovers():
+            settle_native_threads()
             return
         logging.shutdown()
         sys.stdout.flush()
