@@ -94,6 +94,7 @@ class Slot:
     restarts: int = 0
     proc: subprocess.Popen[bytes] | None = None
     expected_exit: bool = False  # we killed it on purpose (restart-all, eviction): not a crash
+    evicted: bool = False  # the coordinator had it killed: whatever it exits with, it is not news of the coordinator
     restart_due: bool = False  # to be started again by the main thread
     restart_at: float = 0.0  # not before this time (backoff)
     stderr: StderrTail | None = None
@@ -136,7 +137,7 @@ class Agent:
         )
         if cfg.nproc > 1:
             env.setdefault("OMP_NUM_THREADS", "1")  # as torchrun does: don't oversubscribe the node's cores
-        slot.expected_exit = slot.restart_due = False
+        slot.expected_exit = slot.restart_due = slot.evicted = False
         # Only the main thread starts workers: each dies with the thread that started it (see lineage).
         assert threading.current_thread() is threading.main_thread()
         try:
@@ -161,7 +162,7 @@ class Agent:
         """Under the lock: one worker process ended; report it and decide on a restart."""
         wid = self.worker_id(slot)
         delay = 0.0
-        if returncode == EXIT_COORDINATOR_LOST and not slot.expected_exit:
+        if returncode == EXIT_COORDINATOR_LOST and not (slot.expected_exit or slot.evicted):
             # The worker found the coordinator silent first: the same coordinator, the same verdict (and a
             # restart would only wait for it again).
             self._coordinator_lost = True
@@ -241,9 +242,10 @@ class Agent:
         for slot in self.slots:
             if self.worker_id(slot) == worker_id and slot.proc is not None:
                 log.warning("killing_worker", worker=worker_id, reason=reason)
-                slot.expected_exit = False
+                slot.expected_exit, slot.evicted = False, True
+                # SIGKILL alone, also for a stopped (hung) process: a SIGCONT first would let it run on and
+                # find its coordinator connection closed (the eviction closes it), exiting with that verdict.
                 with contextlib.suppress(ProcessLookupError):
-                    slot.proc.send_signal(signal.SIGCONT)  # a stopped process dies of SIGKILL anyway; be explicit
                     slot.proc.kill()
 
     def _heartbeat_loop(self) -> None:
