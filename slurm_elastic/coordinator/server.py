@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from typing import Any
 
@@ -69,6 +69,7 @@ class Coordinator:
         self._fallback_from: int | None = None  # the last committed step when the fallback began
         self._registered: set[str] = set()  # worker ids that ever joined
         self._agent_nproc: dict[str, int] = {}  # training processes each node's agent starts
+        self.agent_registrations: Counter[str] = Counter()  # agents registered per node, over the job
         self._final_exits: list[ExitRecord] = []  # processes that ended for good before the job ran
         self.pool_keep_pending = 0  # read by the Slurm launcher, set by `grow --keep-pending`
         self.pool_partition: str | None = None
@@ -225,6 +226,7 @@ class Coordinator:
             return
         self.agents[node] = Peer(writer, node, time.monotonic(), pid=reg.pid, slurm_job=reg.slurm_job_id)
         self._agent_nproc[node] = reg.nproc
+        self.agent_registrations[node] += 1
         write_message(writer, msg.Ack(ok=True, detail=self.config.job_id))
         self.events.emit("node_registered", node=node, host=reg.host, nproc=reg.nproc, slurm_job=reg.slurm_job_id)
         try:

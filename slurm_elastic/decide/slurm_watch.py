@@ -47,6 +47,20 @@ def satellites_to_submit(pending: int, keep_pending: int, limit: int = 64) -> in
 
 
 @dataclass(frozen=True)
+class AgentSteps:
+    starting: set[str]  # a new agent's srun is alive and no agent of it has registered yet
+    stale: set[str]  # its agent registered and is gone, but its srun lives on: end it, it blocks the next
+
+
+def agent_steps(alive: set[str], registered: set[str], have_agent: set[str]) -> AgentSteps:
+    """Sort the nodes whose relaunched agent's srun is `alive`. `registered`: nodes where an agent registered
+    since that srun started. When the node dies under it, srun waits for tasks that no longer exist, until
+    Slurm ends the step (SlurmdTimeout, or never if the node comes back first); it must not count as a new
+    agent still starting, or the node never gets one again."""
+    return AgentSteps(starting=alive - registered, stale=(alive & registered) - have_agent)
+
+
+@dataclass(frozen=True)
 class Relaunches:
     start: list[str]  # start a new agent there now
     give_up: list[str]  # `max_tries` new agents in a row never came back: no more (reported once)

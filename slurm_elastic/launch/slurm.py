@@ -31,7 +31,13 @@ from slurm_elastic.commands.common import fail, job_config
 from slurm_elastic.config import JobConfig, training_env
 from slurm_elastic.coordinator import CoordinatorThread
 from slurm_elastic.coordinator.config import coordinator_config
-from slurm_elastic.decide.slurm_watch import back_in_service, drains_for, relaunches, satellites_to_submit
+from slurm_elastic.decide.slurm_watch import (
+    agent_steps,
+    back_in_service,
+    drains_for,
+    relaunches,
+    satellites_to_submit,
+)
 from slurm_elastic.errors import ElasticError, SlurmError
 from slurm_elastic.jobdir import JobHandle, LaunchInfo, hook_comment, job_dir
 from slurm_elastic.logs import configure_logging
@@ -78,7 +84,9 @@ class SlurmLaunch:
         self._had_agent: set[str] = set()
         self._tries: dict[str, tuple[int, float]] = {}  # per node: new agents in a row, and when the last
         self._given_up: set[str] = set()
-        self._steps: dict[str, subprocess.Popen[bytes]] = {}  # the newest agent started again per node
+        # The newest agent started again per node, and how many agents had registered there before it.
+        self._steps: dict[str, tuple[subprocess.Popen[bytes], int]] = {}
+        self._retired: list[subprocess.Popen[bytes]] = []  # sruns of agents that are gone, being ended
 
     def live_nodes(self) -> tuple[list[str], int]:
         """The job's nodes as Slurm sees them now, and its number of heterogeneous components (1: none)."""
@@ -176,7 +184,9 @@ class SlurmLaunch:
         """Slurm's node states become drains; nodes of the allocation that came back get an agent again."""
         assert self.coordinator is not None
         coord = self.coordinator.coordinator
-        members, drained = self.coordinator.call(lambda: (set(coord.agents), set(coord.drained_nodes)))
+        members, drained, registrations = self.coordinator.call(
+            lambda: (set(coord.agents), set(coord.drained_nodes), dict(coord.agent_registrations))
+        )
         self._had_agent |= members
         if not self._had_agent:
             return  # nothing to watch before the first agents register
@@ -190,18 +200,29 @@ class SlurmLaunch:
         for drain in drains_for(states, members, self._notified):
             self._notified.add(drain.node)
             self.coordinator.drain([drain.node], drain.mode, drain.reason)
-        self._relaunch([n for n in states if n.name in allocation], members, drained)
+        self._relaunch([n for n in states if n.name in allocation], members, drained, registrations)
 
-    def _relaunch(self, ours: list[NodeInfo], members: set[str], drained: set[str]) -> None:
+    def _relaunch(
+        self, ours: list[NodeInfo], members: set[str], drained: set[str], registrations: dict[str, int]
+    ) -> None:
         assert self.coordinator is not None
         events = self.coordinator.coordinator.events
-        for node in members:
-            self._tries.pop(node, None)  # its agent is back: a new run of tries
+        alive = {n for n, (step, _) in self._steps.items() if step.poll() is None}
+        registered = {n for n, (_, before) in self._steps.items() if registrations.get(n, 0) > before}
+        steps = agent_steps(alive, registered, members)
+        for node in steps.stale:
+            log.warning("stale_agent_step_ended", node=node, slurm_job=self.slurm_job)
+            step, _ = self._steps.pop(node)
+            step.terminate()  # its agent is gone; Slurm ends what is left of the step
+            self._retired.append(step)
+        self._retired = [step for step in self._retired if step.poll() is None]
+        for node in members | registered:
+            self._tries.pop(node, None)  # its agent came back: a new run of tries
         now = time.monotonic()
         plan = relaunches(
             ours, had_agent=self._had_agent, have_agent=members, excluded=drained | self._notified | self._given_up,
-            starting={n for n, step in self._steps.items() if step.poll() is None}, tries=self._tries, now=now,
-            retry_s=self.relaunch_retry_s, max_tries=self.config.max_relaunches,
+            starting=steps.starting, tries=self._tries, now=now, retry_s=self.relaunch_retry_s,
+            max_tries=self.config.max_relaunches,
         )  # fmt: skip
         for node in plan.give_up:
             self._given_up.add(node)
@@ -212,7 +233,7 @@ class SlurmLaunch:
             self._tries[node] = (attempt, now)
             argv = srun_argv(self._agent_argv, nodes=1, nodelist=[node], extra=("--overlap", "--ntasks=1"))
             try:
-                self._steps[node] = subprocess.Popen(argv, env=self._agent_env)
+                self._steps[node] = (subprocess.Popen(argv, env=self._agent_env), registrations.get(node, 0))
             except OSError as exc:
                 log.warning("agent_relaunch_failed", node=node, error=str(exc))
                 continue
@@ -241,7 +262,7 @@ class SlurmLaunch:
         return failed
 
     def finish(self, phase: str) -> None:
-        for step in self._steps.values():
+        for step in [*(s for s, _ in self._steps.values()), *self._retired]:
             if step.poll() is None:
                 step.terminate()
         if self.srun is not None and self.srun.poll() is None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from slurm_elastic.decide.slurm_watch import Relaunches, relaunches
+from slurm_elastic.decide.slurm_watch import AgentSteps, Relaunches, agent_steps, relaunches
 from slurm_elastic.slurm import NodeInfo
 
 NAMES = ["n1", "n2", "n3", "n4"]
@@ -31,6 +31,28 @@ def test_a_node_that_came_back_gets_an_agent_unless_excluded_down_or_still_start
     assert plan(allocation, starting={"n2"}).start == ["n3"]  # a new agent still starting there
     assert plan(allocation, had_agent={"n1"}).start == []  # never had one: not ours to start
     assert plan([node("n2", "MIXED", frozenset({"DRAIN"})), node("n3", "IDLE", frozenset({"FAIL"}))]).start == []
+
+
+def test_a_relaunched_agents_srun_counts_as_starting_only_until_its_agent_registers() -> None:
+    assert agent_steps({"n2"}, set(), set()) == AgentSteps(starting={"n2"}, stale=set())  # still starting
+    assert agent_steps({"n2"}, {"n2"}, {"n2"}) == AgentSteps(starting=set(), stale=set())  # running
+    # Its agent registered, then its node died: srun lives on, waiting for tasks that are gone. It must not
+    # keep the node from getting a new agent (seen in `chaos --slurm --seed 12`: the job never refilled).
+    assert agent_steps({"n2"}, {"n2"}, set()) == AgentSteps(starting=set(), stale={"n2"})
+    assert agent_steps(set(), {"n2"}, set()) == AgentSteps(starting=set(), stale=set())  # its srun ended
+
+
+@given(
+    alive=st.sets(st.sampled_from(NAMES)),
+    registered=st.sets(st.sampled_from(NAMES)),
+    have=st.sets(st.sampled_from(NAMES)),
+)
+def test_a_live_srun_is_starting_or_stale_or_running_never_two(
+    alive: set[str], registered: set[str], have: set[str]
+) -> None:
+    steps = agent_steps(alive, registered, have)
+    assert steps.starting | steps.stale <= alive and not steps.starting & steps.stale
+    assert steps.starting == alive - registered and not steps.stale & have
 
 
 def test_new_agents_are_spaced_and_bounded_then_the_node_is_given_up_once() -> None:

@@ -37,7 +37,7 @@ def worlds(job: ElasticSlurmJob) -> list[int]:
 def test_node_failure_is_handled_long_before_slurm_notices(
     slurm_cluster: LocalCluster, jobs: list[ElasticSlurmJob], tmp_path: Path
 ) -> None:
-    job = submit_core(tmp_path / "node-failure", nodes="4", steps=80, pause=0.3)
+    job = submit_core(tmp_path / "node-failure", nodes="4", steps=80, pause=0.6)
     jobs.append(job)
     job.wait_step(6)
     killed_at = time.time()
@@ -50,6 +50,13 @@ def test_node_failure_is_handled_long_before_slurm_notices(
     job.wait("n3 to rejoin", lambda: worlds(job)[-1:] == [4], timeout=90)
     rejoin = job.events("membership_change")[-1]
     assert rejoin["cause"] == "join" and rejoin["boundary_step"] is not None
+    # The same node dies again, under the agent the job started there: that agent's srun outlives it and
+    # must not keep the node from getting the next one.
+    slurm_cluster.kill_node("n3")
+    job.wait("the job to shrink again", lambda: worlds(job)[-1:] == [3], timeout=60)
+    slurm_cluster.restart_node("n3")
+    job.wait("n3 to rejoin again", lambda: worlds(job)[-1:] == [4], timeout=90)
+    assert [e["node"] for e in job.events("agent_relaunched")] == ["n3", "n3"]
     job.wait_finished()
     job.assert_same_training(reference_model(tmp_path.parent, 80))
 
