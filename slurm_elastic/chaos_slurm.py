@@ -213,7 +213,16 @@ class _Runner:
             return
         if inside:
             index = len(self.hit)
-            missed = lambda: job.last_step() > fault.step and not self.struck()[index]  # noqa: E731
+
+            def missed() -> bool:
+                """Not fired though the step after its own committed. Its own step committing is not enough:
+                a fault late in a step (its commit) strikes after the others' commit of that step shows."""
+                if self.struck()[index] or job.last_step() <= fault.step:
+                    return False
+                if job.bound is not None and job.bound <= fault.step + 1:
+                    job.allow(fault.step + 2)
+                return job.last_step() > fault.step + 1 and not self.struck()[index]
+
             job.wait(f"{node} to leave after its {fault.kind}", lambda: bool(self._left(since, node)) or missed())
             if missed():  # its node was not in the job at that step (the record says so in the summary)
                 self.log(f"chaos: the {fault.kind} of {node} at step {fault.step} did not fire")
