@@ -45,7 +45,7 @@ def test_a_node_whose_new_agents_never_register_is_given_up_after_max_relaunches
     try:
         for _ in range(6):
             launch._watch_nodes()
-            for step in launch._steps.values():
+            for step, _ in launch._steps.values():
                 step.wait(10)  # the agent "ran" and failed before the next watch
             time.sleep(0.01)
         events = coordinator.coordinator.events.all()
