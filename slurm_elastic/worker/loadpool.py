@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import random
+import signal
 from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor
 from typing import Any
@@ -42,6 +43,9 @@ def _init_child(
 ) -> None:
     if preexec is not None:
         preexec()  # die with the worker, never outlive it as an orphan
+    # The worker's own SIGTERM handler (drain at the next boundary) came along with the fork: here it would
+    # send a drain over the worker's connection and keep the process alive when close() ends it.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     with counter.get_lock():
         worker_id = counter.value
         counter.value += 1
@@ -92,3 +96,6 @@ class LoadPool:
         for proc in self._processes:
             with contextlib.suppress(Exception):
                 proc.join(timeout)
+                if proc.is_alive():  # a user's worker_init may have taken SIGTERM over
+                    proc.kill()
+                    proc.join(timeout)

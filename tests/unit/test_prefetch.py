@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -141,4 +142,29 @@ def test_loader_processes_load_ahead_and_seed_each_batch_from_its_position() -> 
         assert pf.get(4, 4)[2] == got[1][2]
     finally:
         pf.close()
+    assert not children(), "close() ends the loader processes"
+
+
+def test_loader_processes_end_at_close_without_running_the_workers_sigterm_handler(tmp_path: Path) -> None:
+    """A worker drains on SIGTERM (its handler sends a drain request). Its loader processes are forked with
+    that handler: close() must end them, not have them ask for a drain and live on."""
+    import os
+    import signal
+
+    from slurm_elastic.lineage import children
+    from slurm_elastic.worker.loadpool import LoadPool
+
+    ran = tmp_path / "handler-ran"
+
+    def drain_instead(signum: int, frame: object) -> None:
+        ran.write_text(str(os.getpid()))
+
+    previous = signal.signal(signal.SIGTERM, drain_instead)
+    try:
+        pool = LoadPool(_load_pid_and_draw, 2)
+        assert pool.submit((0, 4)).result()[1] != os.getpid()
+        pool.close(timeout=5.0)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert not ran.exists(), "a loader process ran the worker's SIGTERM handler"
     assert not children(), "close() ends the loader processes"
