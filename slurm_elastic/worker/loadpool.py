@@ -44,8 +44,10 @@ def _init_child(
     if preexec is not None:
         preexec()  # die with the worker, never outlive it as an orphan
     # The worker's own SIGTERM handler (drain at the next boundary) came along with the fork: here it would
-    # send a drain over the worker's connection and keep the process alive when close() ends it.
+    # send a drain over the worker's connection and keep the process alive when close() ends it. SIGTERM was
+    # blocked across the fork, so one sent before this point waits and then ends the process.
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
     with counter.get_lock():
         worker_id = counter.value
         counter.value += 1
@@ -82,7 +84,13 @@ class LoadPool:
             initializer=_init_child,
             initargs=(load, seed, worker_init, counter, die_with_parent()),
         )
-        self._pool.submit(int).result()  # fork every process now, from this thread, before anything else runs
+        # Fork every process now, from this thread, before anything else runs; with SIGTERM held until each
+        # process has dropped the handler it inherits (see _init_child).
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+        try:
+            self._pool.submit(int).result()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         self._processes = list(self._pool._processes.values())  # to end them in close()
 
     def submit(self, key: Key) -> Future[Any]:
