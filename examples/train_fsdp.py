@@ -30,13 +30,15 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--save", default="", help="rank 0 writes the trained model's full state dict here")
+    p.add_argument("--shard-group", type=int, default=None, help="HSDP: shard over groups of this many ranks")
     return p.parse_args()
 
 
 def main() -> None:
     args = parse_args()
     dist.init_process_group("gloo")
-    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    world, group = dist.get_world_size(), args.shard_group
+    mesh = init_device_mesh("cpu", (world // group, group) if group else (world,))  # 2-D: HSDP
     torch.manual_seed(args.seed)
     model = Llama(vocab=64, dim=args.dim, layers=args.layers, heads=4)
     for layer in model.layers:

@@ -28,12 +28,13 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--save", default="", help="rank 0 writes the trained model's full state dict here")
+    p.add_argument("--shard-group", type=int, default=None, help="HSDP: shard over groups of this many ranks")
     return p.parse_args()
 
 
 def main() -> None:
     args = parse_args()
-    mesh = se.placeholder_mesh()  # the job moves the model onto each generation's mesh
+    mesh = se.placeholder_mesh(shard_group=args.shard_group)  # the job moves the model onto each generation's mesh
     torch.manual_seed(args.seed)
     model = Llama(vocab=64, dim=args.dim, layers=args.layers, heads=4)
     for layer in model.layers:

@@ -198,23 +198,12 @@ def _merge_lost(lost: list[Lost]) -> list[Lost]:
     return out
 
 
-def layout_needs(members: Sequence[str], nodes: Sequence[str]) -> tuple[list[Need], tuple[int, ...] | None]:
-    """What each member of a new generation (in rank order) must hold: its own shard, and its ward's."""
-    world = len(members)
-    ward = mirrors(nodes)
-    needs = [Need(m, world, r, "primary") for r, m in enumerate(members)]
-    if ward is not None:
-        needs += [Need(m, world, ward[r], "mirror") for r, m in enumerate(members)]
-    return needs, ward
-
-
 __all__ = [
     "Holding",
     "Lost",
     "Need",
     "Piece",
     "ReshardPlan",
-    "layout_needs",
     "mirrors",
     "plan_reshard",
     "shard_rows",

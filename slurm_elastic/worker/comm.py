@@ -183,12 +183,24 @@ def pick_backend(requested: str) -> str:
 class Group:
     """Rank `rank` of `world` in generation `generation`; world 1 needs no process group at all."""
 
-    def __init__(self, pg: Any, rank: int, world: int, generation: int, interrupt: Interrupt) -> None:
+    def __init__(
+        self,
+        pg: Any,
+        rank: int,
+        world: int,
+        generation: int,
+        interrupt: Interrupt,
+        *,
+        backend: str = "gloo",
+        timeout_s: float = 60.0,
+    ) -> None:
         self.pg = pg
         self.rank = rank
         self.world = world
         self.generation = generation
         self.interrupt = interrupt
+        self.backend, self.timeout_s = backend, timeout_s  # what `split` forms its groups with
+        self._parts: list[Group] = []
 
     @property
     def device(self) -> torch.device:
@@ -210,9 +222,16 @@ class Group:
         timeout_s: float,
         interrupt: Interrupt,
     ) -> Group:
+        # The generation's keys live under `<prefix>/g<N>/`: the store drops them with the generation.
+        scoped = dist.PrefixStore(f"{prefix}/g{generation}", store) if world > 1 else None
+        return cls._formed(scoped, rank, world, generation, backend, timeout_s, interrupt)
+
+    @classmethod
+    def _formed(
+        cls, scoped: Any, rank: int, world: int, generation: int, backend: str, timeout_s: float, interrupt: Interrupt
+    ) -> Group:
         if world == 1:
-            return cls(None, 0, 1, generation, interrupt)
-        scoped = dist.PrefixStore(f"{prefix}/g{generation}", store)
+            return cls(None, 0, 1, generation, interrupt, backend=backend, timeout_s=timeout_s)
         timeout = datetime.timedelta(seconds=timeout_s)
 
         def make() -> Any:
@@ -226,7 +245,18 @@ class Group:
             return dist.ProcessGroupGloo(scoped, rank, world, timeout)
 
         pg = run_interruptibly(make, interrupt, f"forming generation {generation}")
-        return cls(pg, rank, world, generation, interrupt)
+        return cls(pg, rank, world, generation, interrupt, backend=backend, timeout_s=timeout_s)
+
+    def split(self, store: Any, prefix: str, ranks: list[int], label: str) -> Group:
+        """The group of `ranks` (this generation's ranks, this one among them, in order), formed by those
+        ranks under the same `label`; abandoned with this group. Every rank forms its parts in the same order."""
+        if ranks == list(range(self.world)):
+            return self
+        scoped = dist.PrefixStore(f"{prefix}/g{self.generation}/{label}", store)  # dropped with the generation
+        args = (ranks.index(self.rank), len(ranks), self.generation, self.backend, self.timeout_s, self.interrupt)
+        part = Group._formed(scoped, *args)
+        self._parts.append(part)
+        return part
 
     def allreduce_(self, tensor: torch.Tensor) -> None:
         """Sum `tensor` over the group, in place."""
@@ -275,6 +305,9 @@ class Group:
             _wait_work(work, self.interrupt, "state transfer")
 
     def abandon(self) -> None:
+        for part in self._parts:
+            part.abandon()
+        self._parts.clear()
         if self.pg is None:
             return
         with contextlib.suppress(RuntimeError):

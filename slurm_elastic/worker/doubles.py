@@ -42,7 +42,8 @@ class RankDied(BaseException):
 
 @dataclass(frozen=True)
 class GroupFault:
-    """In `worker`'s group of `generation`, its `nth` collective (counting from 1) fails.
+    """In `worker`'s group of `generation` (with the groups split from it), its `nth` collective (counting from 1)
+    fails.
 
     "raise": the collective raises, the rank lives on (a broken connection); "die": the rank dies as it
     starts the collective; "die_after": it dies once the collective completed (its sum is done);
@@ -60,22 +61,36 @@ class GroupFault:
 class FaultyGroup(Group):
     """A Group whose `nth` collective fails as its GroupFault says."""
 
-    def __init__(self, inner: Group, fault: GroupFault) -> None:
-        super().__init__(inner.pg, inner.rank, inner.world, inner.generation, inner.interrupt)
+    def __init__(self, inner: Group, fault: GroupFault, counted: list[int] | None = None) -> None:
+        super().__init__(
+            inner.pg,
+            inner.rank,
+            inner.world,
+            inner.generation,
+            inner.interrupt,
+            backend=inner.backend,
+            timeout_s=inner.timeout_s,
+        )
         self._fault = fault
-        self._count = 0
+        self._counted = counted if counted is not None else [0]  # shared with the groups split from this one
+
+    def split(self, store: Any, prefix: str, ranks: list[int], label: str) -> Group:
+        """Parts (HSDP's shard and replica groups) count their collectives with this group's."""
+        part = super().split(store, prefix, ranks, label)
+        return part if part is self or part.pg is None else FaultyGroup(part, self._fault, self._counted)
 
     def _next(self, kind: str) -> str | None:
         """What happens after this collective completes: None, "die" or "raise"."""
         if self._fault.kind not in ("any", kind):
             return None
-        self._count += 1
-        if self._count != self._fault.nth:
+        self._counted[0] += 1
+        count = self._counted[0]
+        if count != self._fault.nth:
             return None
         if self._fault.action == "raise":
-            raise CollectiveFailed(f"injected failure of collective {self._count} in generation {self.generation}")
+            raise CollectiveFailed(f"injected failure of collective {count} in generation {self.generation}")
         if self._fault.action == "die":
-            raise RankDied(f"died at collective {self._count} of generation {self.generation}")
+            raise RankDied(f"died at collective {count} of generation {self.generation}")
         return "die" if self._fault.action == "die_after" else "raise"
 
     def _then(self, after: str | None) -> None:

@@ -40,9 +40,9 @@ from slurm_elastic.errors import ConfigError, JobFailed, UsageError
 from slurm_elastic.faults import FaultInjector
 from slurm_elastic.ledger import LedgerWriter
 from slurm_elastic.wire.messages import AtBoundary, Finished
-from slurm_elastic.worker import userstate
+from slurm_elastic.worker import snapshot, userstate
 from slurm_elastic.worker.callbacks import Callbacks, EpochHook, StepHook
-from slurm_elastic.worker.checkpoint import CheckpointError, DisasterRecovery, read_checkpoint, write_checkpoint
+from slurm_elastic.worker.checkpoint import DisasterRecovery
 from slurm_elastic.worker.comm import CollectiveFailed, Interrupt, Interrupted
 from slurm_elastic.worker.data import ElasticLoader, Samples, data_settings
 from slurm_elastic.worker.env import WorkerEnv, worker_env
@@ -55,6 +55,7 @@ from slurm_elastic.worker.reduction import DEFAULT_BUCKET_MB, GradientReducer, r
 from slurm_elastic.worker.replica import Replica
 from slurm_elastic.worker.runtime import Runtime, WorkerEnded
 from slurm_elastic.worker.sharded.checkpoint import ShardedCheckpoints
+from slurm_elastic.worker.sharded.holder import ShardedReplica
 from slurm_elastic.worker.sharded.step import sharded_step
 from slurm_elastic.worker.step import Step
 from slurm_elastic.worker.stepper import Checkpoints, StepRunner
@@ -65,7 +66,6 @@ from slurm_elastic.worker.usage import (
     left_early,
     left_early_signature,
     save_during_step,
-    save_sharded,
 )
 
 log = structlog.get_logger("slurm_elastic.worker")
@@ -120,9 +120,7 @@ class ElasticJob(StepRunner):
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.extra_state: dict[str, Any] = userstate.validate(extra_state)  # the caller's dict, kept as is
         # A fully_shard (FSDP2) model: shards held twice, re-sharded from peers (docs/fsdp.md); else replicas.
-        self._sharded = sharded_step(
-            model, optimizer, scheduler, self.extra_state, reduce_dtype, resume_from, clip_grad_norm
-        )
+        self._sharded = sharded_step(model, optimizer, scheduler, self.extra_state, reduce_dtype, clip_grad_norm)
         self._replica = (
             self._sharded.replica if self._sharded else Replica(model, optimizer, scheduler, self.extra_state)
         )
@@ -272,17 +270,13 @@ class ElasticJob(StepRunner):
         return fn
 
     def save(self, path: str | os.PathLike[str]) -> Path:
-        """Write this replica's whole state (model, optimizer, scheduler, RNG, cursor, extra_state) to `path`,
-        atomically; `ElasticJob(..., resume_from=path)` starts from it. Call it between steps, on one rank."""
+        """Write the job's whole state (model, optimizer, scheduler, RNG, cursor, extra_state) to `path`;
+        `ElasticJob(..., resume_from=path)` starts from it. Call it between steps: on one rank (a file), or
+        on every rank for a `fully_shard` model (a directory of shards, docs/fsdp.md)."""
         self._join()
         if self._live is not None:
             raise save_during_step(self._live.number)
-        if not isinstance(self._replica, Replica):
-            raise save_sharded()
-        target = Path(path)
-        write_checkpoint(target, self._replica.step, self._replica.capture())
-        log.info("snapshot_saved", path=str(target), step=self._replica.step)
-        return target
+        return snapshot.save(self._replica, Path(path))
 
     def micro_batches_per_epoch(self) -> int:
         """This rank's micro-batches in one epoch at the current world size (`len(loader)`)."""
@@ -407,8 +401,11 @@ class ElasticJob(StepRunner):
         if env.standalone:
             self._open_ledger(env.run)
             self._load_initial_state()
+            alone = self._runtime.solo()
+            held = self._replica
+            if isinstance(held, ShardedReplica) and held.checkpoint_dir is not None:  # read as a generation would
+                held.synchronize(alone, None, "", [env.worker_id])
             self._replica.fresh = False
-            self._runtime.solo()
             self._entered()
             self._hooks.settled(self._replica.cursor)
             return
@@ -421,22 +418,11 @@ class ElasticJob(StepRunner):
         self._recover(patient=True)
 
     def _load_initial_state(self) -> None:
-        """The job's own latest disaster-recovery checkpoint, else the user's `resume_from` file if it exists."""
+        """The job's own latest disaster-recovery checkpoint, else the user's `resume_from` snapshot if it exists."""
         if self._checkpoints and self._checkpoints.load_into(self._replica):
             return
-        path = self._resume_from
-        if path is None:
-            return
-        if not path.exists():
-            log.info("no_snapshot_to_resume", path=str(path))
-            return
-        step, snap = read_checkpoint(path)
-        assert isinstance(self._replica, Replica)  # a sharded job refuses resume_from (sharded_step)
-        try:
-            self._replica.restore(snap)
-        except (RuntimeError, KeyError, ValueError, TypeError) as exc:
-            raise CheckpointError(f"{path} does not fit this job's model or optimizer: {str(exc)[:300]}") from None
-        log.info("resumed_from_snapshot", path=str(path), step=step)
+        if self._resume_from is not None:
+            snapshot.resume(self._replica, self._resume_from)
 
     def _open_ledger(self, run: int) -> None:
         # The run is the whole job's (requeues of the core job), never a satellite's own restart count.

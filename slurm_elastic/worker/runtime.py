@@ -94,10 +94,11 @@ class Runtime:
         self._backend = pick_backend(self.settings.backend)
         return self.settings
 
-    def solo(self) -> None:
+    def solo(self) -> Group:
         """No coordinator: this process is the whole job."""
         self.group = Group(None, 0, 1, 1, self.interrupt)
         self.generation, self.rank, self.world = 1, 0, 1
+        return self.group
 
     def close(self) -> None:
         self._close_store()

@@ -153,7 +153,10 @@ class StepRunner:
         if self._reducer:
             fields |= {"reduce_dtype": self._reducer.reduce_dtype, "buckets": self._reducer.bucket_count}
         if self._sharded:
-            fields |= {"strategy": "fsdp2", "mirrors": self._sharded.replica.wards is not None}
+            replica = self._sharded.replica
+            fields |= {"strategy": "fsdp2", "mirrors": replica.wards is not None}
+            if replica.layout is not None:
+                fields |= {"shard_group": replica.layout.shards, "replica_groups": replica.layout.replicas}
         return fields
 
     def _new_attempt(self) -> Step:

@@ -46,13 +46,6 @@ def save_during_step(step: int) -> UsageError:
     )
 
 
-def save_sharded() -> UsageError:
-    return UsageError(
-        "job.save() writes a whole replica, and a fully_shard model's state is sharded: use the job's "
-        "sharded checkpoints (--checkpoint-dir), which load at any world size"
-    )
-
-
 @dataclass
 class LoopState:
     phase: Phase = "idle"

@@ -12,12 +12,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from slurm_elastic.decide.layout import plan_layout
 from slurm_elastic.decide.reshard import (
     Holding,
     Need,
     Piece,
     ReshardPlan,
-    layout_needs,
     mirrors,
     plan_reshard,
     shard_rows,
@@ -26,6 +26,12 @@ from slurm_elastic.decide.reshard import (
 pytestmark = pytest.mark.timeout(120)
 
 ROWS = (0, 1, 2, 3, 5, 7, 13, 64)
+
+
+def layout_needs(members: list[str], nodes: list[str]) -> tuple[list[Need], tuple[int, ...] | None]:
+    """A plain FSDP2 generation's needs: one shard group, mirrored on other nodes."""
+    layout = plan_layout(nodes, None)
+    return layout.needs(members), layout.wards
 
 
 # --- FSDP2's rule -------------------------------------------------------------------------------------

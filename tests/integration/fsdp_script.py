@@ -1,8 +1,8 @@
 """A small Llama-style model (examples/llama_model.py) sharded with fully_shard, trained under ElasticJob for
-`--steps` steps of a fixed global batch; rank 0 writes the full model to `--save`. `--pause S` sleeps after
-each step; SE_TEST_GATE="STEP:FILE" makes every rank wait before step STEP until FILE exists (so that a test
-can let a restarted worker, which takes seconds to import torch, join at a known step). Neither touches the
-math."""
+`--steps` steps of a fixed global batch (HSDP with `--shard-group N`); rank 0 writes the full model to
+`--save`. `--pause S` sleeps after each step; SE_TEST_GATE="STEP:FILE" makes every rank wait before step STEP
+until FILE exists (so that a test can let a restarted worker, which takes seconds to import torch, join at a
+known step). Neither touches the math."""
 
 import argparse
 import os
@@ -27,10 +27,11 @@ def main() -> None:
     p.add_argument("--micro-batch", type=int, default=2)
     p.add_argument("--pause", type=float, default=0.0)
     p.add_argument("--save", default="")
+    p.add_argument("--shard-group", type=int, default=None, help="HSDP: shard over groups of this many ranks")
     args = p.parse_args()
     torch.manual_seed(0)
     model = Llama(vocab=64, dim=32, layers=2, heads=2)
-    mesh = se.placeholder_mesh()
+    mesh = se.placeholder_mesh(shard_group=args.shard_group)
     for layer in model.layers:
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)

@@ -36,15 +36,26 @@ def config(out: Path, nodes: int, **settings: Any) -> JobConfig:
     )  # fmt: skip
 
 
-def command(out: Path, pause: float = 0.0) -> list[str]:
+def command(out: Path, pause: float = 0.0, shard_group: int | None = None) -> list[str]:
     args = ["--steps", str(STEPS), "--global-batch", str(GLOBAL_BATCH), "--pause", str(pause)]
+    args += ["--shard-group", str(shard_group)] if shard_group is not None else []
     return [sys.executable, str(SCRIPT), *args, "--save", str(out / "model.pt")]
 
 
-def run(tmp: Path, name: str, nodes: int, *, pause: float = 0.0, settings: Any = None, **kw: Any) -> ScenarioResult:
+def run(
+    tmp: Path,
+    name: str,
+    nodes: int,
+    *,
+    pause: float = 0.0,
+    settings: Any = None,
+    shard_group: int | None = None,
+    **kw: Any,
+) -> ScenarioResult:
     out = tmp / name
     cfg = config(out, nodes, **(settings or {}))
-    res = run_scenario(command(out, pause), cfg, root=out, timeout_s=150, log_dir=out / "logs", **kw)
+    cmd = command(out, pause, shard_group)
+    res = run_scenario(cmd, cfg, root=out, timeout_s=150, log_dir=out / "logs", **kw)
     res.model_path = out / "model.pt"  # type: ignore[attr-defined]
     return res
 
@@ -75,6 +86,28 @@ def assert_reference(res: ScenarioResult, reference: dict[str, torch.Tensor]) ->
     assert_ledger(res.ledger)
 
 
+def run_rejoin(
+    tmp_path: Path, plan: FaultPlan, settings: dict[str, Any], shard_group: int | None = None
+) -> tuple[Any, list[dict[str, Any]]]:
+    """A 4-node job whose restarted worker (4 -> 3) is let in before step 5 (3 -> 4); (result, events)."""
+    gate = tmp_path / "gate"
+    job = LocalJob(
+        command(tmp_path, shard_group=shard_group), config(tmp_path, 4, **settings), faults=plan, root=tmp_path,
+        log_dir=tmp_path / "logs", extra_env={"SE_TEST_GATE": f"5:{gate}"},
+    )  # fmt: skip
+    job.start()
+    try:
+        job.wait_until(lambda v: v.world == 3, timeout=120)
+        job.wait_until(lambda v: bool(job.coordinator and job.coordinator.status().pending), timeout=120)
+        gate.touch()
+        result = job.wait(timeout=150)
+    finally:
+        job.stop()
+    events = read_events(job.dir / "events.jsonl")
+    assert result.ok, f"{result.phase}: {result.reason}\n{result.failure_traceback or ''}"
+    return result, events
+
+
 def test_kills_in_forward_reduce_scatter_optimizer_and_commit_a_rejoin_and_a_corrupted_holder(
     tmp_path: Path, reference: dict[str, torch.Tensor]
 ) -> None:
@@ -90,21 +123,7 @@ def test_kills_in_forward_reduce_scatter_optimizer_and_commit_a_rejoin_and_a_cor
         .corrupt("local1", step=8)
         .add(node="local2", step=9, phase="commit", action="kill", incarnation=1)
     )
-    gate = tmp_path / "gate"
-    job = LocalJob(
-        command(tmp_path), config(tmp_path, 4, max_restarts=1), faults=plan, root=tmp_path,
-        log_dir=tmp_path / "logs", extra_env={"SE_TEST_GATE": f"5:{gate}"},
-    )  # fmt: skip
-    job.start()
-    try:
-        job.wait_until(lambda v: v.world == 3, timeout=120)
-        job.wait_until(lambda v: bool(job.coordinator and job.coordinator.status().pending), timeout=120)
-        gate.touch()
-        result = job.wait(timeout=150)
-    finally:
-        job.stop()
-    events = read_events(job.dir / "events.jsonl")
-    assert result.ok, f"{result.phase}: {result.reason}\n{result.failure_traceback or ''}"
+    _, events = run_rejoin(tmp_path, plan, {"max_restarts": 1})
     assert_model(tmp_path / "model.pt", reference)
     assert_ledger(analyze(tmp_path / "ledger"))
     worlds = [e["world"] for e in events if e["event"] == "membership_change"]
@@ -141,3 +160,33 @@ def test_both_holders_of_a_shard_lost_resume_from_the_sharded_checkpoint(
     assert len(res.events_of("state_lost")) >= 1 and "no live holder" in res.events_of("state_lost")[0]["detail"]
     (fallback,) = res.events_of("checkpoint_fallback")
     assert fallback["resume_step"] == 4 and fallback["last_committed_step"] == 5
+
+
+def test_hsdp_loses_both_holders_of_a_shard_and_resumes_from_the_first_replica_groups_checkpoint(
+    tmp_path: Path, reference: dict[str, torch.Tensor]
+) -> None:
+    # Shard groups of 2 over 4 ranks. local3 is killed in a reduce-scatter of step 3 (4 -> 3: one shard
+    # group of 3, mirrored); it rejoins before step 5 (3 -> 4: replica groups again), as rank 3 (survivors
+    # keep their order): shard groups (local1, local2) and (local4, local3), so shard 1 is held by local2 and
+    # local3. The checkpoint of step 6 is written by the first replica group alone (2 shards). local2 and
+    # the rejoined local3 are then killed in step 8's backward: shard 1 has no holder left, and the job
+    # resumes from that checkpoint, read by the 2 ranks left.
+    plan = (
+        FaultPlan()
+        .kill("local3", step=3, phase="reduce_scatter")
+        .kill_node("local2", step=8, phase="backward")
+        .add(node="local3", step=8, phase="backward", action="kill_node", incarnation=1)
+    )
+    settings = {"checkpoint_dir": tmp_path / "ckpt", "checkpoint_every": 6, "max_restarts": 1}
+    _, events = run_rejoin(tmp_path, plan, settings, shard_group=2)
+    assert_model(tmp_path / "model.pt", reference)
+    assert_ledger(analyze(tmp_path / "ledger"))
+    ready = [e for e in events if e["event"] == "generation_ready"]
+    layouts = [(e["world"], e["shard_group"], e["mirrors"]) for e in ready]
+    assert layouts[:3] == [(4, 2, False), (3, 3, True), (4, 2, False)], layouts
+    assert layouts[-1] == (2, 2, True), layouts
+    assert sorted(p.name for p in (tmp_path / "ckpt" / "step-000000006").iterdir()) == ["rank-00000", "rank-00001"]
+    lost = [e for e in events if e["event"] == "state_lost"]
+    assert lost and "no live holder" in lost[0]["detail"], lost
+    (fallback,) = [e for e in events if e["event"] == "checkpoint_fallback"]
+    assert fallback["resume_step"] == 6, fallback

@@ -18,11 +18,12 @@ import torch
 from torch import nn
 from torch.distributed.fsdp import fully_shard
 
-from slurm_elastic.errors import ConfigError, UsageError
+from slurm_elastic.errors import ConfigError
 from slurm_elastic.faults import FaultPlan
 from slurm_elastic.ledger import analyze
 from slurm_elastic.metrics import max_param_rel_diff, tolerance
 from slurm_elastic.worker import ElasticJob
+from slurm_elastic.worker.checkpoint import CheckpointError
 from slurm_elastic.worker.doubles import GroupFault, RankResult, ThreadJob
 from slurm_elastic.worker.env import WorkerEnv, worker_env
 from slurm_elastic.worker.ports import Ports
@@ -42,7 +43,7 @@ def dataset() -> list[tuple[torch.Tensor, torch.Tensor]]:
 DATA = dataset()
 
 
-def model(shard: bool = True) -> nn.Module:
+def model(shard: bool = True, shard_group: int | None = None) -> nn.Module:
     """16, 7 and 2 rows: uneven shards, and empty ones at 3 ranks and more."""
     g = torch.Generator().manual_seed(3)
     net = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 7), nn.Tanh(), nn.Linear(7, 2))
@@ -50,7 +51,7 @@ def model(shard: bool = True) -> nn.Module:
         for p in net.parameters():
             p.copy_(torch.randn(p.shape, generator=g) * 0.3)
     if shard:
-        mesh = placeholder_mesh()
+        mesh = placeholder_mesh(shard_group=shard_group)
         for layer in (net[0], net[2], net[4]):
             fully_shard(layer, mesh=mesh)
         fully_shard(net, mesh=mesh)
@@ -61,14 +62,17 @@ def trainer(
     steps: int = STEPS,
     gate: Callable[[ElasticJob, int], None] | None = None,
     poke: Callable[[ElasticJob], None] | None = None,
+    shard_group: int | None = None,
+    save_to: Path | None = None,
+    resume_from: Path | None = None,
 ) -> Callable[[WorkerEnv, Ports], Any]:
     def train(env: WorkerEnv, ports: Ports) -> dict[str, Any]:
-        net = model()
+        net = model(shard_group=shard_group)
         opt = torch.optim.AdamW(net.parameters(), lr=0.01, weight_decay=0.1)
         extra = {"count": 0, "last": torch.zeros(2)}  # the user's own state: in every transfer, like the shards
         job = ElasticJob(
             net, opt, dataset=DATA, global_batch=GLOBAL_BATCH, micro_batch=MICRO_BATCH, env=env, ports=ports,
-            extra_state=extra,
+            extra_state=extra, resume_from=resume_from,
         )  # fmt: skip
 
         @job.on_step
@@ -83,6 +87,8 @@ def trainer(
                 gate(job, step.number)
             for x, y in step.micro_batches():
                 step.backward(nn.functional.mse_loss(net(x), y))
+        if save_to is not None:
+            job.save(save_to)  # on every rank: each writes its shard
         full = [p.full_tensor().detach().clone() for p in net.parameters()]  # type: ignore[attr-defined]
         return {"params": full, "world": job.world_size, "step": job.step, "extra": (extra["count"], extra["last"])}
 
@@ -212,22 +218,28 @@ def test_both_holders_of_a_shard_lost_is_said_in_one_event_and_never_resumed_sil
     assert failed and "--checkpoint-dir" in failed[-1]["reason"]
 
 
-def test_a_joiner_takes_its_shards_from_peers(tmp_path: Path) -> None:
+def grow_by_one(nodes: int, tmp_path: Path, shard_group: int | None = None) -> tuple[ThreadJob, dict[str, RankResult]]:
+    """A job of `nodes` ranks that one more rank joins before step 4."""
     release = threading.Event()
 
     def gate(job: ElasticJob, step: int) -> None:
         if step == 4:
             release.wait(30)
 
-    job = ThreadJob(trainer(gate=gate), nodes=2, reduce_dtype="float32", ledger_dir=tmp_path).start()
+    train = trainer(gate=gate, shard_group=shard_group)
+    job = ThreadJob(train, nodes=nodes, reduce_dtype="float32", ledger_dir=tmp_path).start()
     try:
         job.wait_step(3)
         job.add_rank()
         _wait(lambda: job.coordinator.status().pending != [])
         release.set()
-        results = job.join()
+        return job, job.join()
     finally:
         job.stop()
+
+
+def test_a_joiner_takes_its_shards_from_peers(tmp_path: Path) -> None:
+    job, results = grow_by_one(2, tmp_path)
     assert_reference(results, world=3)
     assert_exactly_once(tmp_path)
     grown = events(job, "generation_ready")[-1]
@@ -318,9 +330,36 @@ def test_what_a_sharded_model_cannot_take_is_refused_by_name(tmp_path: Path) -> 
 
     with pytest.raises(ConfigError, match="invalid reduce_dtype 'float64' for a fully_shard model"):
         job(reduce_dtype="float64")
-    with pytest.raises(ConfigError, match="resume_from= loads a whole replica"):
-        job(resume_from=tmp_path / "snapshot.pt")
-    alone = job()  # no coordinator: this process is the whole job
-    with pytest.raises(UsageError, match=r"job.save\(\) writes a whole replica.*--checkpoint-dir"):
-        alone.save(tmp_path / "snapshot.pt")
-    assert not (tmp_path / "snapshot.pt").exists()
+    (tmp_path / "partial" / "step-000000004" / "rank-00000").mkdir(parents=True)  # a save on one rank only
+    with pytest.raises(CheckpointError, match=r"partial holds no complete sharded snapshot: .* on every rank"):
+        job(resume_from=tmp_path / "partial").step  # noqa: B018  # the first use joins the job and loads
+
+
+def test_a_snapshot_saved_by_every_rank_resumes_at_another_world_size(tmp_path: Path) -> None:
+    # Three ranks train 4 steps and each saves its shard; two ranks resume from the snapshot (re-sharded
+    # from disk, 3 -> 2) and train the other 4: the same model as 8 steps without a stop.
+    snapshot = tmp_path / "snapshot"
+    first = ThreadJob(trainer(steps=4, save_to=snapshot), nodes=3, reduce_dtype="float32")
+    assert all(r.error is None and r.value["step"] == 4 for r in first.run().values())
+    assert sorted(p.name for p in (snapshot / "step-000000004").iterdir()) == [f"rank-0000{r}" for r in range(3)]
+    second = ThreadJob(trainer(resume_from=snapshot), nodes=2, reduce_dtype="float32", ledger_dir=tmp_path / "l")
+    results = second.run()
+    assert_reference(results, world=2)  # the user's own state (a count of 8 steps) came back too
+    ready = events(second, "generation_ready")[0]
+    assert ready["resume_step"] == 4 and "sharded checkpoint of step 4 (saved by 3 ranks)" in ready["transfer"], ready
+    # The same snapshot, resumed by the script run on its own (no launcher: one process, the whole model).
+    net = model()
+    opt = torch.optim.AdamW(net.parameters(), lr=0.01, weight_decay=0.1)
+    extra = {"count": 0, "last": torch.zeros(2)}
+    alone = ElasticJob(
+        net, opt, dataset=DATA, global_batch=GLOBAL_BATCH, micro_batch=MICRO_BATCH, env=worker_env({}),
+        ports=Ports(process_hooks=False), extra_state=extra, resume_from=snapshot,
+    )  # fmt: skip
+    ran = []
+    for step in alone.steps(STEPS):
+        ran.append(step.number)
+        for x, y in step.micro_batches():
+            step.backward(nn.functional.mse_loss(net(x), y))
+    assert ran == [5, 6, 7, 8] and extra["count"] == 4
+    got = {str(i): p.full_tensor() for i, p in enumerate(net.parameters())}  # type: ignore[attr-defined]
+    assert max_param_rel_diff(got, {str(i): t for i, t in enumerate(REFERENCE)}) <= tolerance("float32", STEPS)

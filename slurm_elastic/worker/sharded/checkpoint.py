@@ -1,12 +1,13 @@
 """Disaster-recovery checkpoints of a sharded (FSDP2) job: written sharded with torch.distributed.checkpoint,
 read back at any world size.
 
-Every rank writes its own shard of the parameters and optimizer moments as a DCP checkpoint of its own
-(`step-NNNNNNNNN/rank-RRRRR/`, no collective: it can run on a background thread while training goes on),
-then `done.json`. A step's checkpoint is complete when every rank of its world wrote `done.json`. To read
-it, the ranks' DCP metadata are merged into one (each chunk records its global offsets), and DCP reads,
-for every rank of the new world, the rows of its new shard from whichever files hold them. DCP's metadata
-files are pickles: they are read with an unpickler that only builds DCP's own metadata classes.
+Every rank of the first replica group (with HSDP; else every rank) writes its own shard of the parameters and
+optimizer moments as a DCP checkpoint of its own (`step-NNNNNNNNN/rank-RRRRR/`, no collective: it can run on a
+background thread while training goes on), then `done.json`. A step's checkpoint is complete when every rank
+of its world wrote `done.json`. To read it, the ranks' DCP metadata are merged into one (each chunk records
+its global offsets), and DCP reads, for every rank of the new world, the rows of its new shard from whichever
+files hold them. DCP's metadata files are pickles: they are read with an unpickler that only builds DCP's own
+metadata classes.
 """
 
 from __future__ import annotations
@@ -171,6 +172,21 @@ def load_shard(directory: Path, step: int, world: int, replica: ShardedReplica) 
     return small
 
 
+def save_snapshot(directory: Path, replica: ShardedReplica) -> None:
+    """This rank's part of a snapshot of the job at its current step (`job.save` on every rank): the first
+    replica group writes its shards; then only the newest complete snapshot and this one are kept."""
+    if not replica.first_replica:
+        return
+    state, small = _state_dict(replica, copy=False), replica.small_state()
+    save_shard(directory, replica.step, replica.index, replica.world, state, small)
+    if replica.index == 0:
+        done = [s for s, _ in complete_checkpoints(directory)]
+        for step in done[:-1]:
+            if step < replica.step:
+                with contextlib.suppress(OSError):
+                    shutil.rmtree(_step_dir(directory, step))
+
+
 class ShardedCheckpoints:
     """One rank's part of the job's disaster-recovery checkpoints: its shard every `every` steps (in the
     background), and at once when the job is suspended or finishes."""
@@ -201,7 +217,7 @@ class ShardedCheckpoints:
 
     def _save(self, replica: ShardedReplica, *, background: bool) -> None:
         self._wait()
-        if replica.fresh:
+        if replica.fresh or not replica.first_replica:  # HSDP: the other replica groups hold the same shards
             return
         state = _state_dict(replica, copy=True)  # the training thread goes on changing the live tensors
         small = replica.small_state()
@@ -241,4 +257,4 @@ class ShardedCheckpoints:
             )
 
 
-__all__ = ["ShardedCheckpoints", "complete_checkpoints", "load_shard", "read_metadata", "save_shard"]
+__all__ = ["ShardedCheckpoints", "complete_checkpoints", "load_shard", "read_metadata", "save_shard", "save_snapshot"]

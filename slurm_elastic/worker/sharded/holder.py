@@ -24,6 +24,7 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from slurm_elastic.decide.layout import Layout
 from slurm_elastic.errors import ConfigError
 from slurm_elastic.worker import userstate
 from slurm_elastic.worker.comm import Group
@@ -98,6 +99,10 @@ class ShardedReplica:
         self.fresh = True
         self.world, self.index, self.ward = 1, 0, -1  # the layout held: its own shard, the one it mirrors
         self.wards: tuple[int, ...] | None = None
+        self.shard_group_wanted: int | None = None  # HSDP's shard group size, as the script asked for it
+        self.layout: Layout | None = None  # the generation's (None until the first one formed)
+        self.shards: Group | None = None  # this rank's shard group (FSDP2's collectives) in the generation
+        self.replicas: Group | None = None  # the ranks holding the same shard (HSDP's gradient sum)
         self.keys: dict[str, list[str]] = {fqn: [] for fqn in self.params}
         self.mirror_params: dict[str, nn.Parameter] = {}
         self.mirror_opt: torch.optim.Optimizer | None = None
@@ -120,6 +125,11 @@ class ShardedReplica:
     @property
     def committed_step(self) -> int:
         return -1 if self.fresh else self.step
+
+    @property
+    def first_replica(self) -> bool:
+        """Whether this rank is in the first replica group: the one that writes checkpoints and counts norms."""
+        return self.replicas is None or self.replicas.rank == 0
 
     def synchronize(
         self,

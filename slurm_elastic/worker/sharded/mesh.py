@@ -22,6 +22,8 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import _register_process_group, _unregister_process_group
 from torch.distributed.device_mesh import DeviceMesh
 
+from slurm_elastic.errors import ConfigError
+
 _names = itertools.count()
 _lock = threading.Lock()
 
@@ -78,10 +80,24 @@ def generation_mesh(backend: Any, rank: int, world: int, label: str, device_type
     return GenerationMesh(mesh, pg, name)
 
 
-def placeholder_mesh(device_type: str = "cpu") -> DeviceMesh:
+def placeholder_mesh(device_type: str = "cpu", *, shard_group: int | None = None) -> DeviceMesh:
     """The mesh to pass to `fully_shard` in an elastic script: one rank, until the job moves the model onto
-    each generation's mesh (so the script needs no process group of its own)."""
-    return generation_mesh(None, 0, 1, "placeholder", device_type).mesh
+    each generation's mesh (so the script needs no process group of its own).
+
+    `shard_group=S` asks for HSDP, where a plain script would pass a 2-D (replicate, shard) mesh: each
+    generation shards the model over groups of S ranks (or the next size that divides the world) and
+    replicates it across them (`decide.layout`)."""
+    whole = isinstance(shard_group, int) and not isinstance(shard_group, bool)
+    if shard_group is not None and not (whole and shard_group >= 1):
+        raise ConfigError(f"invalid shard_group {shard_group!r}: expected a whole number of ranks >= 1")
+    mesh = generation_mesh(None, 0, 1, "placeholder", device_type).mesh
+    mesh._se_shard_group = shard_group  # type: ignore[attr-defined]  # read by wanted_shard_group
+    return mesh
 
 
-__all__ = ["GenerationMesh", "generation_mesh", "placeholder_mesh"]
+def wanted_shard_group(mesh: DeviceMesh) -> int | None:
+    """The HSDP shard group a script asked for with `placeholder_mesh(shard_group=...)`, None for plain FSDP2."""
+    return getattr(mesh, "_se_shard_group", None)
+
+
+__all__ = ["GenerationMesh", "generation_mesh", "placeholder_mesh", "wanted_shard_group"]

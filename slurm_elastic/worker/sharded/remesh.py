@@ -7,8 +7,9 @@ its new local rows, received from peers, are installed in a fresh padded buffer.
 parameters and its sharded state (AdamW's moments) are re-pointed to the new DTensors.
 
 What the model is as the user wrote it (which modules are FSDP units, mixed precision, resharding after
-forward) is kept. Limits: a 1-D mesh (no HSDP), `reshard_after_forward` True or False (not an int), no
-CPU offload, dim-0 sharding (no `shard_placement_fn`); `entries` refuses anything else by name.
+forward) is kept. Limits: a 1-D mesh (HSDP's replica groups are the library's, see `decide.layout`),
+`reshard_after_forward` True or False (not an int), no CPU offload, dim-0 sharding (no
+`shard_placement_fn`); `entries` refuses anything else by name.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from torch.distributed.tensor import DTensor
 
 from slurm_elastic.errors import ConfigError
 from slurm_elastic.worker.sharded.collectives import fsdp_modules
+from slurm_elastic.worker.sharded.mesh import wanted_shard_group
 
 
 @dataclass(frozen=True)
@@ -67,7 +69,10 @@ def fsdp_params(model: nn.Module) -> dict[str, FSDPParam]:
     for module in fsdp_modules(model):
         for group in module._get_fsdp_state()._fsdp_param_groups:
             if isinstance(group.mesh_info, HSDPMeshInfo) or not isinstance(group.mesh_info, FSDPMeshInfo):
-                raise ConfigError("elastic FSDP2 needs a 1-D mesh: HSDP and DDP meshes are not supported yet")
+                raise ConfigError(
+                    "elastic FSDP2 shards on placeholder_mesh(), a 1-D mesh: for HSDP pass "
+                    "placeholder_mesh(shard_group=N) instead of a 2-D mesh; replicate() (DDP) meshes are not supported"
+                )
             post = group.post_forward_mesh_info
             if post is not None and post is not group.mesh_info:
                 raise ConfigError("elastic FSDP2 needs reshard_after_forward=True or False, not an int")
@@ -82,6 +87,19 @@ def fsdp_params(model: nn.Module) -> dict[str, FSDPParam]:
     if missing:
         raise ConfigError(f"parameters not sharded by fully_shard: {missing[:5]}; apply fully_shard to the root")
     return named
+
+
+def shard_group_wanted(model: nn.Module) -> int | None:
+    """The HSDP shard group size the script's placeholder meshes ask for (None: plain FSDP2), the same for all."""
+    asked = {
+        wanted_shard_group(group.mesh_info.mesh)
+        for module in fsdp_modules(model)
+        for group in module._get_fsdp_state()._fsdp_param_groups
+    }
+    if len(asked) > 1:
+        found = sorted(asked, key=lambda v: -1 if v is None else v)
+        raise ConfigError(f"the model's fully_shard meshes ask for different shard groups {found}: use one mesh")
+    return next(iter(asked), None)
 
 
 def is_sharded(model: nn.Module) -> bool:
@@ -172,4 +190,13 @@ def rebind(
         param_group["params"] = [old_to_new.get(id(p), p) for p in param_group["params"]]
 
 
-__all__ = ["Entry", "entries", "fsdp_params", "is_sharded", "local", "rebind", "sharded_state_keys"]
+__all__ = [
+    "Entry",
+    "entries",
+    "fsdp_params",
+    "is_sharded",
+    "local",
+    "rebind",
+    "shard_group_wanted",
+    "sharded_state_keys",
+]

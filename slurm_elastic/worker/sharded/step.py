@@ -6,6 +6,8 @@ reduce-scatters are collectives: a rank with fewer micro-batches than its peers 
 weight zero (`decide.batching.lockstep`). After the last backward:
 
 1. each rank sends its gradient shard to the rank mirroring it, and receives its ward's ("prepared");
+   with HSDP replica groups (`decide.layout`) it instead sums its gradient shard over the ranks that hold
+   the same shard (FSDP2's reduce-scatter ran inside its shard group);
 2. one small sum over the ranks: the step's loss, the "membership change wanted" flag, the number of
    clean ranks, and the squared gradient norm (for clipping);
 3. if every rank was clean, the optimizer updates the own shard and the mirrored one: committed.
@@ -16,7 +18,6 @@ step, and the new generation re-runs it.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -27,7 +28,7 @@ from slurm_elastic.faults import FaultInjector
 from slurm_elastic.worker.comm import CollectiveFailed, Group
 from slurm_elastic.worker.sharded.collectives import StepCollectives
 from slurm_elastic.worker.sharded.holder import ShardedReplica
-from slurm_elastic.worker.sharded.remesh import is_sharded
+from slurm_elastic.worker.sharded.remesh import is_sharded, shard_group_wanted
 
 Report = Callable[[str, dict[str, Any]], None]
 
@@ -38,7 +39,6 @@ def sharded_step(
     scheduler: Any | None,
     extra: dict[str, Any],
     reduce_dtype: str | None,
-    resume_from: str | os.PathLike[str] | None,
     clip: float | None,
 ) -> ShardedStep | None:
     """The step of a `fully_shard`-ed model (None for any other model), its settings checked now."""
@@ -46,13 +46,9 @@ def sharded_step(
         return None
     if reduce_dtype not in (None, "float32"):
         raise ConfigError(f"invalid reduce_dtype {reduce_dtype!r} for a fully_shard model: FSDP2 sums in float32")
-    if resume_from is not None:
-        raise ConfigError(
-            "resume_from= loads a whole replica, and a fully_shard model's state is sharded: use the job's sharded "
-            "checkpoints (--checkpoint-dir), which load at any world size"
-        )
     replica = ShardedReplica(model, optimizer, scheduler, extra)
     replica.clip = clip
+    replica.shard_group_wanted = shard_group_wanted(model)
     return ShardedStep(replica)
 
 
@@ -72,7 +68,7 @@ class ShardedStep:
     def begin(self, group: Group, number: int, on_collective: Callable[[str], None]) -> None:
         self._group, self._number = group, number
         self._loss = torch.zeros((), dtype=torch.float64)
-        self.replica.begin(StepCollectives(group, on_collective))
+        self.replica.begin(StepCollectives(self.replica.shards or group, on_collective))
 
     def backward(self, loss: torch.Tensor, weight: float) -> None:
         if weight:
@@ -88,6 +84,8 @@ class ShardedStep:
         if poison is not None:
             raise CollectiveFailed(poison)
         own = replica.grads()
+        if replica.replicas is not None and replica.replicas.world > 1:
+            _sum_over(replica.replicas, own)  # HSDP: each replica group reduced its own micro-batches
         mirror: list[torch.Tensor] | None = None
         wards = replica.wards
         if wards is not None and group.world > 1:
@@ -98,9 +96,8 @@ class ShardedStep:
             group.exchange([(outgoing, buddy, 8)], [(incoming, wards[group.rank], 8)])
             mirror = _unpack(incoming, like)
         replica.prepare(self._number, own, mirror)
-        control = torch.tensor(
-            [float(self._loss), 1.0 if change_wanted else 0.0, 1.0, replica.local_norm2(own)], dtype=torch.float64
-        )
+        norm2 = replica.local_norm2(own) if replica.first_replica else 0.0  # each shard counted once
+        control = torch.tensor([float(self._loss), 1.0 if change_wanted else 0.0, 1.0, norm2], dtype=torch.float64)
         group.allreduce_(control)
         if int(control[2].item()) != group.world:
             raise CollectiveFailed(f"step {self._number}: {group.world - int(control[2].item())} ranks were not clean")
@@ -108,6 +105,20 @@ class ShardedStep:
 
     def commit(self, samples: int, norm2: float, lr_factor: float) -> None:
         self.replica.commit(self._number, samples, norm2, self.replica.clip, lr_factor)
+
+
+def _sum_over(group: Group, tensors: list[torch.Tensor]) -> None:
+    """Sum each tensor over `group`, in place: one sum per dtype."""
+    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+    for t in tensors:
+        by_dtype.setdefault(t.dtype, []).append(t)
+    for same in by_dtype.values():
+        flat = torch.cat([t.reshape(-1) for t in same])
+        group.allreduce_(flat)
+        offset = 0
+        for t in same:
+            t.copy_(flat[offset : offset + t.numel()].view(t.shape))
+            offset += t.numel()
 
 
 def _pack(tensors: list[torch.Tensor]) -> torch.Tensor:

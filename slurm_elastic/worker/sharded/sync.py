@@ -14,6 +14,7 @@ Rows that no live, trusted holder has raise `StateLost`: the job must resume fro
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Callable
@@ -24,7 +25,8 @@ import torch
 from torch.distributed.fsdp._fully_shard._fsdp_common import FSDPMeshInfo
 
 from slurm_elastic.decide.heal import HealPlan, ShardReport, plan_heal
-from slurm_elastic.decide.reshard import Holding, Need, ReshardPlan, layout_needs, plan_reshard, shard_rows
+from slurm_elastic.decide.layout import Layout, plan_layout
+from slurm_elastic.decide.reshard import Holding, Need, ReshardPlan, plan_reshard, shard_rows
 from slurm_elastic.errors import StateLost
 from slurm_elastic.worker.comm import Group, run_interruptibly
 from slurm_elastic.worker.sharded.checkpoint import complete_checkpoints, load_shard
@@ -105,21 +107,24 @@ def synchronize_sharded(
     me, world = group.rank, group.world
     reports, checkpoints = _report(group, replica)
     heal = plan_heal(reports)
-    needs, wards = layout_needs([str(r) for r in range(world)], [node_of(w) for w in members])
+    layout = plan_layout([node_of(w) for w in members], replica.shard_group_wanted)
+    needs, wards = layout.needs([str(r) for r in range(world)]), layout.wards
     if heal.fresh and checkpoints[heal.source][0] >= 0:
-        return _from_checkpoint(replica, group, checkpoints[heal.source], needs, wards, started)
+        return _from_checkpoint(replica, group, store, key_prefix, checkpoints[heal.source], layout, started)
     if me in heal.roll_forward:  # progress (cursor, scheduler) comes from the source below
         replica.commit(heal.target_step, 0, heal.norm2, replica.clip, heal.lr_factor)
     for line in heal.refused:
         _refused(replica, group, heal.source, line)
     entries, small = _layout(replica, group, store, key_prefix, heal)
-    mine = {"primary": (world, me)} | ({"mirror": (world, wards[me])} if wards is not None else {})
+    mine = {"primary": (layout.shards, layout.index(me))}
+    if wards is not None:
+        mine["mirror"] = (layout.shards, wards[me])
     before_transfer()  # fault injection's "transfer" phase
     got, plan, moved = _move(replica, group, entries, list(heal.holdings), needs, mine, heal.target_step, heal.refused)
-    _install(replica, group, entries, small, got, wards)
+    _install(replica, group, store, key_prefix, entries, small, got, layout)
     senders = tuple(sorted({int(p.src) for p in plan.pieces if not p.local}))
     receivers = tuple(sorted({int(p.dst) for p in plan.pieces if not p.local}))
-    reason = f"{heal.reason}; {plan.reason}"
+    reason = f"{heal.reason}; {plan.reason}; {layout.reason}"
     return SyncResult(heal.target_step, senders, receivers, reason, moved, time.monotonic() - started)
 
 
@@ -165,9 +170,10 @@ def _move(
 def _from_checkpoint(
     replica: ShardedReplica,
     group: Group,
+    store: Any,
+    key_prefix: str,
     found: tuple[int, int],
-    needs: list[Need],
-    wards: tuple[int, ...] | None,
+    layout: Layout,
     started: float,
 ) -> SyncResult:
     """A fresh start with a checkpoint: each rank reads its new shard from disk, then mirrors from peers."""
@@ -180,21 +186,24 @@ def _from_checkpoint(
         for fqn, fp in replica.params.items()
         for key in ["param", *replica.keys.get(fqn, [])]
     ]
+    me = group.rank
     zeros = {
         ("primary", t): torch.zeros((hi - lo, *e.shape[1:]), dtype=e.dtype)
         for t, e in enumerate(entries)
-        for lo, hi in [shard_rows(e.rows, group.world, group.rank)]
+        for lo, hi in [shard_rows(e.rows, layout.shards, layout.index(me))]
     }
-    _install(replica, group, entries, small, zeros, None)
+    wards = layout.wards
+    _install(replica, group, store, key_prefix, entries, small, zeros, dataclasses.replace(layout, wards=None))
     replica.set_small_state(load_shard(replica.checkpoint_dir, step, world, replica))
     replica.digests = replica.take_digests()  # what the mirrors below are checked against if this is interrupted
     if wards is not None:
-        me = group.rank
-        holdings = [Holding(str(r), group.world, r) for r in range(group.world)]
-        mirror_needs = [n for n in needs if n.role == "mirror"]
-        rows, _, _ = _move(replica, group, entries, holdings, mirror_needs, {"mirror": (group.world, wards[me])}, step)
+        holdings = [Holding(str(r), layout.shards, layout.index(r)) for r in range(group.world)]
+        members = [str(r) for r in range(group.world)]
+        mirror_needs = [n for n in layout.needs(members) if n.role == "mirror"]
+        mine = {"mirror": (layout.shards, wards[me])}
+        rows, _, _ = _move(replica, group, entries, holdings, mirror_needs, mine, step)
         replica.set_mirror(wards[me], {(e.fqn, e.key): rows[("mirror", t)] for t, e in enumerate(entries)})
-        replica.wards = wards
+        replica.wards, replica.layout = wards, layout
     replica.digests = replica.take_digests()
     log.info("resumed_from_checkpoint", step=step, saved_world=world, world=group.world, rank=group.rank)
     reason = f"fresh start from the sharded checkpoint of step {step} (saved by {world} ranks)"
@@ -215,24 +224,31 @@ def _layout(
 def _install(
     replica: ShardedReplica,
     group: Group,
+    store: Any,
+    key_prefix: str,
     entries: list[Entry],
     small: dict[str, Any],
     rows: dict[tuple[str, int], torch.Tensor],
-    wards: tuple[int, ...] | None,
+    layout: Layout,
 ) -> None:
-    """Move the model onto the generation's mesh with its new rows; hold the mirrored shard."""
-    gm = generation_mesh(group.pg, group.rank, group.world, f"g{group.generation}r{group.rank}")
+    """Move the model onto the generation's mesh (its shard group's) with its new rows; hold the mirrored
+    shard. The shard group is formed before the replica group on every rank: no two ranks wait on each other."""
+    me, wards = group.rank, layout.wards
+    shards = group.split(store, key_prefix, layout.shard_group(me), f"shards-{layout.replica(me)}")
+    replicas = group.split(store, key_prefix, layout.replica_group(me), f"replicas-{layout.index(me)}")
+    gm = generation_mesh(shards.pg, shards.rank, shards.world, f"g{group.generation}r{group.rank}")
     replica.keys = {fqn: list(keys) for fqn, keys in small["keys"].items()}
     own = {(e.fqn, e.key): rows[("primary", t)] for t, e in enumerate(entries)}
     rebind(replica.model, replica.optimizer, lambda: FSDPMeshInfo(gm.mesh, shard_mesh_dim=0), own)
-    ward = wards[group.rank] if wards is not None else -1
+    ward = wards[me] if wards is not None else -1
     replica.set_small_state(small)
     mirror = {(e.fqn, e.key): rows[("mirror", t)] for t, e in enumerate(entries)} if ward >= 0 else {}
     replica.set_mirror(ward, mirror)
     if replica.mesh is not None:
         replica.mesh.close()
     replica.mesh = gm
-    replica.world, replica.index, replica.wards = group.world, group.rank, wards
+    replica.world, replica.index, replica.wards = layout.shards, layout.index(me), wards
+    replica.layout, replica.shards, replica.replicas = layout, shards, replicas
     replica.pending = None
     replica.digests = replica.take_digests()
 
