@@ -9,7 +9,8 @@ them ("prepared") finishes the step itself ("rolls forward"): no committed step 
 left at an older step than its peers.
 
 `plan_heal` reads every member's report and decides:
-- the target: the newest committed step (or a fresh start from the lowest-ranked member's initial state);
+- the target: the newest committed step (or a fresh start from the lowest-ranked member's initial state,
+  held also by every member whose initial model has the same digest);
 - which members roll forward first (one step behind, prepared), with the step's gradient norm and
   learning-rate factor as the committed members recorded them;
 - the holdings that may serve: copies at the target whose self-check passed and whose digest agrees with
@@ -61,9 +62,7 @@ def plan_heal(reports: list[ShardReport]) -> HealPlan:
         raise ValueError("plan_heal needs at least one member's report")
     committed = [r for r in reports if r.committed_step >= 0]
     if not committed:
-        first = min(r.rank for r in reports)
-        reason = f"fresh start: every member takes its rows of rank {first}'s initial state"
-        return HealPlan(0, True, first, (), 0.0, 1.0, (Holding(str(first), 1, 0),), (), reason)
+        return _fresh(reports)
     target = max(r.committed_step for r in committed)
     at_target = sorted((r for r in committed if r.committed_step == target), key=lambda r: r.rank)
     behind = sorted(r.rank for r in committed if r.committed_step == target - 1 and r.prepared)
@@ -97,6 +96,23 @@ def plan_heal(reports: list[ShardReport]) -> HealPlan:
     return HealPlan(
         target, False, source.rank, tuple(behind), source.norm2, source.lr_factor, holdings, tuple(refused), reason
     )
+
+
+def _fresh(reports: list[ShardReport]) -> HealPlan:
+    """Every member starts from the lowest-ranked one's initial state. A member whose own initial model (the
+    whole of it, as the script built it) has the same digest holds it too and takes its rows locally: a
+    seeded script moves nothing at its start."""
+    first = min(reports, key=lambda r: r.rank)
+    same = [
+        r.rank
+        for r in reports
+        if first.world == r.world == 1 and r.index == 0 and r.primary_ok and r.primary_digest == first.primary_digest
+    ]
+    holders = sorted({first.rank, *same})
+    holdings = tuple(Holding(str(rank), 1, 0) for rank in holders)
+    local = f"; {len(holders)} members hold the same and take their rows locally" if len(holders) > 1 else ""
+    reason = f"fresh start: every member takes its rows of rank {first.rank}'s initial state{local}"
+    return HealPlan(0, True, first.rank, (), 0.0, 1.0, holdings, (), reason)
 
 
 __all__ = ["HealPlan", "ShardReport", "plan_heal"]

@@ -144,6 +144,20 @@ def test_no_fault_matches_the_one_process_training(tmp_path: Path) -> None:
     assert_exactly_once(tmp_path)
     ready = events(job, "generation_ready")[0]
     assert ready["strategy"] == "fsdp2" and ready["mirrors"] is True and "fresh start" in ready["transfer"]
+    # The script seeds its model: every rank holds the same initial state and takes its rows locally.
+    assert ready["bytes"] == 0 and "3 members hold the same" in ready["transfer"], ready
+
+
+def test_a_rank_whose_initial_model_differs_takes_rank_0s(tmp_path: Path) -> None:
+    def differ(job: ElasticJob) -> None:
+        if job.env.node == "t2":
+            with torch.no_grad():
+                next(job.model.parameters())._local_tensor.add_(1.0)  # type: ignore[attr-defined]
+
+    job = ThreadJob(trainer(poke=differ), nodes=3, reduce_dtype="float32", ledger_dir=tmp_path)
+    assert_reference(job.run(), world=3)
+    ready = events(job, "generation_ready")[0]
+    assert ready["bytes"] > 0 and ready["receivers"] == [1] and "2 members hold the same" in ready["transfer"]
 
 
 def test_the_placeholder_mesh_model_is_released_once_on_the_generation_mesh() -> None:

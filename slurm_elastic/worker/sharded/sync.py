@@ -47,6 +47,7 @@ def node_of(worker_id: str) -> str:
 
 def _report(group: Group, replica: ShardedReplica) -> tuple[list[ShardReport], list[tuple[int, int]]]:
     own_ok, mirror_ok = replica.self_check()
+    digests = replica.take_digests() if replica.fresh else replica.digests  # fresh: the script's initial model
     pending = replica.pending
     prepared = pending is not None and pending.step == replica.step + 1 and not replica.fresh
     mine = torch.tensor(
@@ -58,8 +59,8 @@ def _report(group: Group, replica: ShardedReplica) -> tuple[list[ShardReport], l
             replica.ward,
             float(own_ok),
             float(mirror_ok),
-            replica.digests[0],
-            replica.digests[1],
+            digests[0],
+            digests[1],
             replica.last_norm2,
             replica.last_lr_factor,
             *_newest_checkpoint(replica),
