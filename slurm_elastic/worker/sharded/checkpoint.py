@@ -180,11 +180,17 @@ def save_snapshot(directory: Path, replica: ShardedReplica) -> None:
     state, small = _state_dict(replica, copy=False), replica.small_state()
     save_shard(directory, replica.step, replica.index, replica.world, state, small)
     if replica.index == 0:
-        done = [s for s, _ in complete_checkpoints(directory)]
-        for step in done[:-1]:
-            if step < replica.step:
-                with contextlib.suppress(OSError):
-                    shutil.rmtree(_step_dir(directory, step))
+        prune(directory, replica.step, keep=1)
+
+
+def prune(directory: Path, newest: int, keep: int) -> None:
+    """Remove complete checkpoints older than `newest`, but never the `keep` newest complete ones (the step
+    being written may not be complete yet)."""
+    done = [s for s, _ in complete_checkpoints(directory)]
+    for step in done[:-keep]:
+        if step < newest:
+            with contextlib.suppress(OSError):
+                shutil.rmtree(_step_dir(directory, step))
 
 
 class ShardedCheckpoints:
@@ -227,7 +233,7 @@ class ShardedCheckpoints:
             try:
                 save_shard(self.directory, step, rank, world, state, small)
                 if rank == 0:
-                    self._prune(step)
+                    prune(self.directory, step, self.keep)
             except Exception as exc:  # reported on the training thread; a failed DR checkpoint must not stop training
                 self._error = exc
 
@@ -237,13 +243,6 @@ class ShardedCheckpoints:
         else:
             write()
             self._wait()
-
-    def _prune(self, newest: int) -> None:
-        done = [s for s, _ in complete_checkpoints(self.directory)]
-        for step in done[: -self.keep]:
-            if step < newest:
-                with contextlib.suppress(OSError):
-                    shutil.rmtree(_step_dir(self.directory, step))
 
     def _wait(self) -> None:
         if self._thread is not None:
