@@ -148,27 +148,25 @@ def plan_reshard(
     lost: list[Lost] = []
     # (bytes, tensor, need, lo, hi, candidates): served after every split, largest first (greedy balance).
     pending: list[tuple[int, int, Need, int, int, tuple[str, ...]]] = []
+    covers: dict[int, list[tuple[Need, int, int, tuple[str, ...]]]] = {}
     for t, (n, rb) in enumerate(zip(rows, row_bytes, strict=True)):
-        spans = [(h.holder, *shard_rows(n, h.world, h.index)) for h in held]
-        cuts = {x for _, lo, hi in spans for x in (lo, hi)}
-        for need in wanted:
-            lo, hi = shard_rows(n, need.world, need.index)
-            for a, b in _segments(lo, hi, cuts):
-                cands = tuple(sorted({who for who, x, y in spans if x <= a and b <= y}))
-                if need.member in cands:
-                    pieces.append(Piece(t, need.member, need.role, a, b, need.member))
-                elif not cands:
-                    lost.append(Lost(t, a, b))
-                elif len(cands) > 1 and (b - a) * rb >= 2 * split_bytes:
-                    k = min(len(cands), b - a)
-                    bounds = [a + j * (b - a) // k for j in range(k + 1)]
-                    parts = sorted(itertools.pairwise(bounds), key=lambda xy: (xy[0] - xy[1], xy[0]))
-                    lightest = sorted(cands, key=lambda c: (load[c], c))  # the larger parts to the least loaded
-                    for (x, y), who in zip(parts, lightest, strict=False):
-                        pieces.append(Piece(t, need.member, need.role, x, y, who))
-                        load[who] += (y - x) * rb
-                else:
-                    pending.append(((b - a) * rb, t, need, a, b, cands))
+        if n not in covers:  # tensors of the same length are cut alike: their segments are found once
+            covers[n] = _cover(n, held, wanted)
+        for need, a, b, cands in covers[n]:
+            if need.member in cands:
+                pieces.append(Piece(t, need.member, need.role, a, b, need.member))
+            elif not cands:
+                lost.append(Lost(t, a, b))
+            elif len(cands) > 1 and (b - a) * rb >= 2 * split_bytes:
+                k = min(len(cands), b - a)
+                bounds = [a + j * (b - a) // k for j in range(k + 1)]
+                parts = sorted(itertools.pairwise(bounds), key=lambda xy: (xy[0] - xy[1], xy[0]))
+                lightest = sorted(cands, key=lambda c: (load[c], c))  # the larger parts to the least loaded
+                for (x, y), who in zip(parts, lightest, strict=False):
+                    pieces.append(Piece(t, need.member, need.role, x, y, who))
+                    load[who] += (y - x) * rb
+            else:
+                pending.append(((b - a) * rb, t, need, a, b, cands))
     for size, t, need, a, b, cands in sorted(pending, key=lambda p: (-p[0], p[1], p[2], p[3])):
         who = min(cands, key=lambda c: (load[c], c))
         pieces.append(Piece(t, need.member, need.role, a, b, who))
@@ -185,6 +183,19 @@ def plan_reshard(
         receivers = len({p.dst for p in pieces if not p.local})
         reason = f"{total} bytes from {senders} holders to {receivers} members"
     return ReshardPlan(tuple(sorted(pieces)), tuple(merged), tuple(sorted(load.items())), reason)
+
+
+def _cover(n: int, held: list[Holding], wanted: list[Need]) -> list[tuple[Need, int, int, tuple[str, ...]]]:
+    """For an n-row tensor: each need's rows cut where some holding starts or ends, with the holders of each
+    segment (need order, then row order)."""
+    spans = [(h.holder, *shard_rows(n, h.world, h.index)) for h in held]
+    cuts = {x for _, lo, hi in spans for x in (lo, hi)}
+    out = []
+    for need in wanted:
+        lo, hi = shard_rows(n, need.world, need.index)
+        for a, b in _segments(lo, hi, cuts):
+            out.append((need, a, b, tuple(sorted({who for who, x, y in spans if x <= a and b <= y}))))
+    return out
 
 
 def _merge_lost(lost: list[Lost]) -> list[Lost]:

@@ -147,7 +147,7 @@ class ShardedReplica:
     # --- the tensors held -----------------------------------------------------------------------------
 
     def entries(self) -> list[Entry]:
-        return entries(self.model, self.optimizer, self.keys)
+        return entries(self.params, self.optimizer, self.keys)
 
     def own(self, entry: Entry) -> torch.Tensor:
         param = self.params[entry.fqn].sharded_param

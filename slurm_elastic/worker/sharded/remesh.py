@@ -110,10 +110,12 @@ def local(t: torch.Tensor) -> torch.Tensor:
     return t._local_tensor if isinstance(t, DTensor) else t
 
 
-def entries(model: nn.Module, optimizer: torch.optim.Optimizer, state_keys: dict[str, list[str]]) -> list[Entry]:
-    """The sharded tensors in a fixed order: each parameter, then its sharded optimizer state by key."""
+def entries(
+    params: dict[str, FSDPParam], optimizer: torch.optim.Optimizer, state_keys: dict[str, list[str]]
+) -> list[Entry]:
+    """The sharded tensors in a fixed order: each parameter (`fsdp_params`), then its sharded optimizer state by key."""
     out = []
-    for fqn, fp in fsdp_params(model).items():
+    for fqn, fp in params.items():
         shape, dtype = tuple(fp._orig_size), fp.sharded_param.dtype
         out.append(Entry(fqn, "param", shape, dtype))
         for key in state_keys.get(fqn, []):
