@@ -26,6 +26,7 @@ import torch
 from slurm_elastic.errors import ConfigError
 from slurm_elastic.faults import FaultInjector
 from slurm_elastic.worker.comm import CollectiveFailed, Group
+from slurm_elastic.worker.heap import HeapTrimmer
 from slurm_elastic.worker.sharded.collectives import StepCollectives
 from slurm_elastic.worker.sharded.holder import ShardedReplica
 from slurm_elastic.worker.sharded.remesh import is_sharded, shard_group_wanted
@@ -40,6 +41,7 @@ def sharded_step(
     extra: dict[str, Any],
     reduce_dtype: str | None,
     clip: float | None,
+    heap_trim_s: int = 0,
 ) -> ShardedStep | None:
     """The step of a `fully_shard`-ed model (None for any other model), its settings checked now."""
     if not is_sharded(model):
@@ -49,12 +51,13 @@ def sharded_step(
     replica = ShardedReplica(model, optimizer, scheduler, extra)
     replica.clip = clip
     replica.shard_group_wanted = shard_group_wanted(model)
-    return ShardedStep(replica)
+    return ShardedStep(replica, HeapTrimmer(heap_trim_s))
 
 
 class ShardedStep:
-    def __init__(self, replica: ShardedReplica) -> None:
+    def __init__(self, replica: ShardedReplica, heap: HeapTrimmer | None = None) -> None:
         self.replica = replica
+        self.heap = heap or HeapTrimmer(0)
         self._loss = torch.zeros((), dtype=torch.float64)
         self._group: Group | None = None
         self._number = 0
@@ -96,7 +99,9 @@ class ShardedStep:
             group.exchange([(outgoing, buddy, 8)], [(incoming, wards[group.rank], 8)])
             mirror = _unpack(incoming, like)
         replica.prepare(self._number, own, mirror)
-        norm2 = replica.local_norm2(own) if replica.first_replica else 0.0  # each shard counted once
+        # Only clipping needs the norm: a pass over every gradient shard in float64 otherwise for nothing.
+        counted = replica.first_replica and replica.clip is not None  # each shard counted once
+        norm2 = replica.local_norm2(own) if counted else 0.0
         control = torch.tensor([float(self._loss), 1.0 if change_wanted else 0.0, 1.0, norm2], dtype=torch.float64)
         group.allreduce_(control)
         if int(control[2].item()) != group.world:
@@ -105,6 +110,7 @@ class ShardedStep:
 
     def commit(self, samples: int, norm2: float, lr_factor: float) -> None:
         self.replica.commit(self._number, samples, norm2, self.replica.clip, lr_factor)
+        self.heap.after_commit()
 
 
 def _sum_over(group: Group, tensors: list[torch.Tensor]) -> None:
