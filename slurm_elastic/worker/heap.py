@@ -1,4 +1,4 @@
-"""Give the heap's free pages back to the OS, at a commit, at most once per interval (sharded jobs).
+"""Give the heap's free pages back to the OS, at a commit, about once per interval (sharded jobs).
 
 glibc keeps what a process frees: once large blocks have been freed its mmap threshold rises, later blocks
 of that size come from the heap, and free pages between live blocks stay resident. A sharded (FSDP2) job,
@@ -33,6 +33,9 @@ def due(now: float, last: float, interval_s: float) -> bool:
 
 
 class HeapTrimmer:
+    """Every rank says whether its interval has passed (`wanted`, in the step's control sum); if any has, all
+    trim at that commit: one stall of the lockstep group, not one per rank at different steps."""
+
     def __init__(
         self, interval_s: float, trim: Trim | None = None, clock: Callable[[], float] = time.monotonic
     ) -> None:
@@ -42,8 +45,11 @@ class HeapTrimmer:
         self._last = clock()
         self.trims = 0
 
-    def after_commit(self) -> None:
-        if self._trim is None or not due(self._clock(), self._last, self.interval_s):
+    def wanted(self) -> bool:
+        return self._trim is not None and due(self._clock(), self._last, self.interval_s)
+
+    def trim(self) -> None:
+        if self._trim is None or self.interval_s <= 0:
             return
         self._trim(0)
         self._last = self._clock()  # the interval counts from the trim's end: its own cost is not training

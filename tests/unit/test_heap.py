@@ -42,35 +42,36 @@ class FakeClock:
         return self.now
 
 
-def test_trims_once_per_interval_counting_from_the_end_of_the_last_trim() -> None:
+def test_wanted_once_the_interval_has_passed_counting_from_the_end_of_the_last_trim() -> None:
     clock, calls = FakeClock(), []
     trimmer = HeapTrimmer(2, trim=calls.append, clock=clock)
     trimmed_at = []
     for now in (0.5, 1.0, 2.0, 2.5, 3.9, 4.0, 9.0):
         clock.now = now
-        before = trimmer.trims
-        trimmer.after_commit()
-        if trimmer.trims > before:
+        if trimmer.wanted():
+            trimmer.trim()
             trimmed_at.append(now)
-    assert trimmed_at == [2.0, 4.0, 9.0]
+    assert trimmed_at == [2.0, 4.0, 9.0] and trimmer.trims == 3
     assert calls == [0, 0, 0]  # malloc_trim(0): no padding kept at the top of the heap
 
 
-def test_an_interval_of_zero_never_trims() -> None:
+def test_an_interval_of_zero_neither_wants_nor_trims_even_when_peers_agreed_to() -> None:
     clock, calls = FakeClock(), []
     trimmer = HeapTrimmer(0, trim=calls.append, clock=clock)
     for now in range(100):
         clock.now = float(now)
-        trimmer.after_commit()
+        assert not trimmer.wanted()
+        trimmer.trim()  # another rank wanted it: this rank's setting still holds
     assert calls == [] and trimmer.trims == 0
 
 
-def test_without_malloc_trim_nothing_is_called(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_without_malloc_trim_nothing_is_wanted_or_called(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(heap, "glibc_trim", lambda: None)
     clock = FakeClock()
     trimmer = HeapTrimmer(1, clock=clock)
     clock.now = 5.0
-    trimmer.after_commit()
+    assert not trimmer.wanted()
+    trimmer.trim()
     assert trimmer.trims == 0
 
 
@@ -131,4 +132,5 @@ def test_a_sharded_job_trims_after_its_commits() -> None:
         for x, y in step.micro_batches():
             step.backward(nn.functional.mse_loss(net(x), y))
         committed += 1
-    assert committed == 6 and calls == [0, 0, 0]  # clock ticks 1..8 at the six commits: due at 2, 5 and 8
+    # The clock ticks once when a step asks whether a trim is wanted and once after a trim: wanted at 2, 5, 8.
+    assert committed == 6 and calls == [0, 0, 0]
