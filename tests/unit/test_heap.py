@@ -108,7 +108,7 @@ def test_glibc_malloc_trim_gives_free_pages_between_live_blocks_back() -> None:
 
 
 def test_the_interval_comes_from_the_environment() -> None:
-    assert worker_env({}).heap_trim_s == 2
+    assert worker_env({}).heap_trim_s == 15
     assert worker_env({"SLURM_ELASTIC_HEAP_TRIM_S": "0"}).heap_trim_s == 0
     assert worker_env({"SLURM_ELASTIC_HEAP_TRIM_S": "30"}).heap_trim_s == 30
     with pytest.raises(ConfigError, match="SLURM_ELASTIC_HEAP_TRIM_S"):
@@ -124,7 +124,7 @@ def test_a_sharded_job_trims_after_its_commits() -> None:
     data = [(torch.randn(4), torch.randn(1)) for _ in range(32)]
     env, ports = worker_env({}), Ports(process_hooks=False)
     job = ElasticJob(net, opt, dataset=data, global_batch=4, micro_batch=2, env=env, ports=ports)
-    assert job._sharded is not None and job._sharded.heap.interval_s == 2
+    assert job._sharded is not None and job._sharded.heap.interval_s == 15
     ticks, calls = itertools.count(), []
     job._sharded.heap = HeapTrimmer(2, trim=calls.append, clock=lambda: float(next(ticks)))
     committed = 0
