@@ -6,7 +6,7 @@ run because memory is short, peaked 150-300 MB above plain FSDP2 at 22 M paramet
 (docs/architecture.md, "Sharded state"). `malloc_trim(0)` hands them back; the next step faults in again
 what it needs, which cost 7-9% of a 0.7 s step (3 M parameters) when done at every step, and still 7% at
 most once per 2 s. So the default interval is 15 s (`SLURM_ELASTIC_HEAP_TRIM_S`): a trim every fourth step
-of a 22 M-parameter model's 4 s step, enough to keep its peak within 1.12x plain FSDP2's, and rarely at a
+of a 22 M-parameter model's 4 s step, which kept its peak at 1.12-1.15x plain FSDP2's, and rarely at a
 small model, which keeps little. Without glibc (musl, macOS) there is nothing to call, and nothing is done.
 """
 
