@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from slurm_elastic.errors import ElasticError
+from slurm_elastic.worker.helpers import HELPERS
 
 
 class Interrupted(ElasticError):
@@ -77,9 +78,6 @@ class Interrupt:
         return waiter.completed
 
 
-_helpers: set[threading.Thread] = set()
-
-
 class Reaper:
     """Releases abandoned process groups on a thread of its own, `delay_s` after they were aborted: a group's
     destructor may wait for a collective still blocked in it, which must never hold up the training
@@ -131,26 +129,22 @@ REAPER = Reaper()
 
 def leftovers() -> bool:
     """Whether abandoned process groups or blocked helper threads remain (they outlive a recovery)."""
-    _helpers.difference_update([t for t in _helpers if not t.is_alive()])
-    return bool(_helpers or REAPER.holding())
+    return bool(HELPERS.busy() or REAPER.holding())
 
 
 def run_interruptibly(fn: Callable[[], Any], interrupt: Interrupt, what: str) -> Any:
-    """Run a blocking call on a helper thread; raise Interrupted if the interrupt fires first."""
+    """Run a blocking call on a helper thread (`worker/helpers.py`); raise Interrupted if the interrupt fires
+    first."""
     waiter = Waiter()
     box: dict[str, Any] = {}
 
-    def target() -> None:
+    def call() -> None:
         try:
             box["value"] = fn()
         except BaseException as exc:  # reported to the waiting thread below
             box["error"] = exc
-        finally:
-            waiter.complete()
 
-    thread = threading.Thread(target=target, name=f"se-{what}", daemon=True)
-    _helpers.add(thread)
-    thread.start()
+    HELPERS.submit(call, waiter.complete, what)
     if not interrupt.wait(waiter):
         raise Interrupted(what)
     if "error" in box:

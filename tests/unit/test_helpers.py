@@ -1,0 +1,66 @@
+"""The helper threads that make blocking calls for the training thread (worker/helpers.py)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from slurm_elastic.worker.comm import Interrupt, Interrupted, leftovers, run_interruptibly
+from slurm_elastic.worker.helpers import HELPERS, Helpers
+
+
+def _run(pool: Helpers, call: object) -> threading.Event:
+    done = threading.Event()
+    pool.submit(call, done.set, "test")  # type: ignore[arg-type]
+    return done
+
+
+def test_calls_one_after_another_reuse_one_helper() -> None:
+    pool, seen = Helpers(), []
+    for i in range(20):
+        assert _run(pool, lambda i=i: seen.append(i)).wait(5)
+    assert seen == list(range(20))
+    assert (pool.started, pool.served, pool.busy()) == (1, 20, 0)
+
+
+def test_a_blocked_call_keeps_its_helper_and_the_next_call_gets_another() -> None:
+    pool, release = Helpers(), threading.Event()
+    blocked = _run(pool, lambda: release.wait(10))
+    assert _run(pool, lambda: None).wait(5)
+    assert (pool.started, pool.busy()) == (2, 1)
+    release.set()
+    assert blocked.wait(5)
+    assert pool.busy() == 0
+    for _ in range(5):  # both idle now: no third thread
+        assert _run(pool, lambda: None).wait(5)
+    assert pool.started == 2
+
+
+def test_a_call_that_raises_is_reported_still_finishes_and_its_helper_serves_on(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    pool = Helpers()
+
+    def boom() -> None:
+        raise RuntimeError("the call failed")
+
+    assert _run(pool, boom).wait(5)
+    assert _run(pool, lambda: None).wait(5)
+    assert (pool.started, pool.busy()) == (1, 0)
+    assert "RuntimeError: the call failed" in capsys.readouterr().err
+
+
+def test_an_interrupted_call_is_a_leftover_until_it_returns() -> None:
+    interrupt, release = Interrupt(), threading.Event()
+    threading.Timer(0.05, interrupt.set).start()
+    with pytest.raises(Interrupted):
+        run_interruptibly(lambda: release.wait(10), interrupt, "stuck collective")
+    assert HELPERS.busy() >= 1 and leftovers()
+    release.set()
+    for _ in range(500):
+        if not HELPERS.busy():
+            break
+        threading.Event().wait(0.01)
+    assert HELPERS.busy() == 0
+    assert run_interruptibly(lambda: 42, Interrupt(), "next call") == 42
