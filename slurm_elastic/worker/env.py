@@ -51,7 +51,6 @@ class WorkerEnv:
     bucket_mb: float | None = None
     prefetch: int | None = None
     checkpoint_keep: int | None = None  # the job's setting; ElasticJob(keep_checkpoints=) wins; default 2
-    heap_trim_s: int = 15  # a sharded job hands freed heap pages back about this often (worker/heap.py); 0: never
 
     @property
     def standalone(self) -> bool:
@@ -117,5 +116,4 @@ def worker_env(env: Mapping[str, str] | None = None) -> WorkerEnv:
         bucket_mb=_float(env, "BUCKET_MB"),
         prefetch=_int(env, "PREFETCH", -1) if env.get(PREFIX + "PREFETCH") else None,
         checkpoint_keep=_int(env, "CHECKPOINT_KEEP", 0) or None,
-        heap_trim_s=_int(env, "HEAP_TRIM_S", 15),
     )

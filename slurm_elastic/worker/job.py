@@ -120,9 +120,7 @@ class ElasticJob(StepRunner):
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.extra_state: dict[str, Any] = userstate.validate(extra_state)  # the caller's dict, kept as is
         # A fully_shard (FSDP2) model: shards held twice, re-sharded from peers (docs/fsdp.md); else replicas.
-        self._sharded = sharded_step(
-            model, optimizer, scheduler, self.extra_state, reduce_dtype, clip_grad_norm, self.env.heap_trim_s
-        )
+        self._sharded = sharded_step(model, optimizer, scheduler, self.extra_state, reduce_dtype, clip_grad_norm)
         self._replica = (
             self._sharded.replica if self._sharded else Replica(model, optimizer, scheduler, self.extra_state)
         )

@@ -9,7 +9,7 @@ weight zero (`decide.batching.lockstep`). After the last backward:
    with HSDP replica groups (`decide.layout`) it instead sums its gradient shard over the ranks that hold
    the same shard (FSDP2's reduce-scatter ran inside its shard group);
 2. one small sum over the ranks: the step's loss, the "membership change wanted" flag, the number of
-   clean ranks, the "heap trim wanted" flag (`worker/heap.py`) and the squared gradient norm (for clipping);
+   clean ranks and the squared gradient norm (for clipping);
 3. if every rank was clean, the optimizer updates the own shard and the mirrored one: committed.
 
 A rank whose FSDP2 collective failed or was interrupted (poisoned) skips 1 and 2: no rank commits the
@@ -26,7 +26,6 @@ import torch
 from slurm_elastic.errors import ConfigError
 from slurm_elastic.faults import FaultInjector
 from slurm_elastic.worker.comm import CollectiveFailed, Group
-from slurm_elastic.worker.heap import HeapTrimmer
 from slurm_elastic.worker.sharded.collectives import StepCollectives
 from slurm_elastic.worker.sharded.holder import ShardedReplica
 from slurm_elastic.worker.sharded.remesh import is_sharded, shard_group_wanted
@@ -41,7 +40,6 @@ def sharded_step(
     extra: dict[str, Any],
     reduce_dtype: str | None,
     clip: float | None,
-    heap_trim_s: int = 0,
 ) -> ShardedStep | None:
     """The step of a `fully_shard`-ed model (None for any other model), its settings checked now."""
     if not is_sharded(model):
@@ -51,14 +49,12 @@ def sharded_step(
     replica = ShardedReplica(model, optimizer, scheduler, extra)
     replica.clip = clip
     replica.shard_group_wanted = shard_group_wanted(model)
-    return ShardedStep(replica, HeapTrimmer(heap_trim_s))
+    return ShardedStep(replica)
 
 
 class ShardedStep:
-    def __init__(self, replica: ShardedReplica, heap: HeapTrimmer | None = None) -> None:
+    def __init__(self, replica: ShardedReplica) -> None:
         self.replica = replica
-        self.heap = heap or HeapTrimmer(0)
-        self._trim_agreed = False
         self._loss = torch.zeros((), dtype=torch.float64)
         self._group: Group | None = None
         self._number = 0
@@ -103,18 +99,14 @@ class ShardedStep:
         # Only clipping needs the norm: a pass over every gradient shard in float64 otherwise for nothing.
         counted = replica.first_replica and replica.clip is not None  # each shard counted once
         norm2 = replica.local_norm2(own) if counted else 0.0
-        flags = [1.0 if change_wanted else 0.0, 1.0, 1.0 if self.heap.wanted() else 0.0]
-        control = torch.tensor([float(self._loss), *flags, norm2], dtype=torch.float64)
+        control = torch.tensor([float(self._loss), 1.0 if change_wanted else 0.0, 1.0, norm2], dtype=torch.float64)
         group.allreduce_(control)
         if int(control[2].item()) != group.world:
             raise CollectiveFailed(f"step {self._number}: {group.world - int(control[2].item())} ranks were not clean")
-        self._trim_agreed = bool(control[3].item() > 0)
-        return float(control[0].item()), bool(control[1].item() > 0), float(control[4].item())
+        return float(control[0].item()), bool(control[1].item() > 0), float(control[3].item())
 
     def commit(self, samples: int, norm2: float, lr_factor: float) -> None:
         self.replica.commit(self._number, samples, norm2, self.replica.clip, lr_factor)
-        if self._trim_agreed:
-            self.heap.trim()
 
 
 def _sum_over(group: Group, tensors: list[torch.Tensor]) -> None:
