@@ -183,7 +183,7 @@ def test_the_placeholder_mesh_model_is_released_once_on_the_generation_mesh() ->
 
 def test_the_blocking_collectives_of_every_step_share_a_few_helper_threads() -> None:
     # gloo's reduce-scatter and send/recv have no future, so each wait runs on a helper thread. One thread
-    # started per call grew the process by threads, arenas and stacks each step (docs/fsdp.md, "Memory").
+    # started per call made the worker's memory creep up, step after step (docs/architecture.md, "What it costs").
     started, served = HELPERS.started, HELPERS.served
     job = ThreadJob(trainer(), nodes=3, reduce_dtype="float32")
     assert_reference(job.run(), world=3)
