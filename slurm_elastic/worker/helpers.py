@@ -10,6 +10,7 @@ time and then waits for the next. One left blocked by an abandoned generation st
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 import traceback
@@ -71,7 +72,13 @@ class Helpers:
             self._busy -= 1
             self._idle.append(helper)
 
+    def _forget(self) -> None:
+        """In a forked child: the helpers' threads were not copied, so a call queued to one would never run."""
+        self._lock = threading.Lock()
+        self._idle, self._busy = [], 0
+
 
 HELPERS = Helpers()
+os.register_at_fork(after_in_child=HELPERS._forget)
 
 __all__ = ["HELPERS", "Helpers"]

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import select
+import signal
 import threading
 
 import pytest
@@ -64,3 +67,26 @@ def test_an_interrupted_call_is_a_leftover_until_it_returns() -> None:
         threading.Event().wait(0.01)
     assert HELPERS.busy() == 0
     assert run_interruptibly(lambda: 42, Interrupt(), "next call") == 42
+
+
+def test_a_forked_child_starts_its_own_helper() -> None:
+    assert run_interruptibly(lambda: 1, Interrupt(), "before the fork") == 1  # an idle helper exists now
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its parent's helper threads were not copied
+        try:
+            value = run_interruptibly(lambda: 7, Interrupt(), "in the child")
+            os.write(write, bytes([value, HELPERS.busy()]))
+        finally:
+            os._exit(0)
+    os.close(write)
+    try:
+        got = b""
+        if select.select([read], [], [], 10)[0]:
+            got = os.read(read, 2)
+    finally:
+        os.close(read)
+        if not got:  # stuck on a helper that does not exist in the child
+            os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    assert got == bytes([7, 0]), "the child's call never ran"
