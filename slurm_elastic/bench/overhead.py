@@ -27,6 +27,7 @@ from slurm_elastic.config import JobConfig
 from slurm_elastic.errors import ElasticError
 from slurm_elastic.launch.local import LocalJob
 from slurm_elastic.metrics import median
+from slurm_elastic.worker.sharded import checksum
 from slurm_elastic.workload import corpus
 
 MODES = ("ddp", "float32", "float64", "fsdp", "elastic_fsdp")
@@ -188,5 +189,6 @@ def run(plan: OverheadPlan, log: Callable[[str], None]) -> dict[str, Any]:
         "max_ratio_fast": max(ratios, default=None),
         "max_rss_ratio_fast": max(rss_ratios, default=None),
         "max_ratio_fsdp": max(fsdp_ratios, default=None),
+        "fsdp_checksum": checksum.ENGINE,  # the CRC the elastic FSDP2 runs used (zlib-ng: the `fast` extra)
         "elapsed_s": round(time.monotonic() - started, 1),
     }

@@ -13,9 +13,8 @@ that changed since (bad memory, a stray write) is refused when it would serve a 
 from __future__ import annotations
 
 import copy
-import zlib
 from collections import OrderedDict, defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -28,6 +27,7 @@ from slurm_elastic.decide.layout import Layout
 from slurm_elastic.errors import ConfigError
 from slurm_elastic.worker import userstate
 from slurm_elastic.worker.comm import Group
+from slurm_elastic.worker.sharded.checksum import digest
 from slurm_elastic.worker.sharded.collectives import StepCollectives, install
 from slurm_elastic.worker.sharded.mesh import GenerationMesh
 from slurm_elastic.worker.sharded.remesh import Entry, entries, fsdp_params, local, sharded_state_keys
@@ -43,15 +43,6 @@ class Pending:
     step: int
     own: list[torch.Tensor]  # this rank's gradient rows, one per parameter (canonical order)
     mirror: list[torch.Tensor] | None  # its ward's
-
-
-def digest(tensors: Iterator[torch.Tensor]) -> int:
-    """CRC-32 chained over the bytes of the tensors, in order."""
-    crc = 0
-    for t in tensors:
-        if t.numel():
-            crc = zlib.crc32(t.detach().contiguous().cpu().reshape(-1).view(torch.uint8).numpy().data, crc)
-    return crc
 
 
 def _plain(value: Any, where: str) -> Any:
@@ -371,4 +362,4 @@ def _clone_optimizer(optimizer: torch.optim.Optimizer, groups: list[dict[str, An
     return clone
 
 
-__all__ = ["Pending", "ShardedReplica", "digest"]
+__all__ = ["Pending", "ShardedReplica"]

@@ -14,7 +14,6 @@ caller plans again without the refused senders' copies. Tensors only, never pick
 
 from __future__ import annotations
 
-import zlib
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ import torch
 
 from slurm_elastic.decide.reshard import Piece, ReshardPlan, shard_rows
 from slurm_elastic.worker.comm import Group
+from slurm_elastic.worker.sharded.checksum import crc32
 from slurm_elastic.worker.sharded.remesh import Entry
 
 MAGIC = 0x53455244  # "SERD"
@@ -38,10 +38,6 @@ class Received:
     refused_from: frozenset[int]  # senders whose data any member refused this round
     bytes_in: int
     bytes_out: int
-
-
-def _crc(t: torch.Tensor) -> int:
-    return zlib.crc32(t.reshape(-1).view(torch.uint8).numpy().data) if t.numel() else 0
 
 
 def _as_bytes(t: torch.Tensor) -> torch.Tensor:
@@ -91,7 +87,9 @@ def execute(
     bytes_out = 0
     for dst, pieces in sorted(outgoing.items()):
         parts = [_as_bytes(_source_rows(copies, entries[p.tensor], p.tensor, p.lo, p.hi)) for p in pieces]
-        header = torch.tensor([MAGIC, group.generation, step, len(parts), *(_crc(x) for x in parts)], dtype=torch.int64)
+        header = torch.tensor(
+            [MAGIC, group.generation, step, len(parts), *(crc32(x) for x in parts)], dtype=torch.int64
+        )
         payload = torch.cat(parts) if parts else torch.empty(0, dtype=torch.uint8)
         if tamper is not None:
             tamper(dst, payload)
@@ -121,7 +119,7 @@ def execute(
             continue
         offsets = [sum(sizes[:i]) for i in range(len(sizes) + 1)]
         chunks = [payload[offsets[i] : offsets[i + 1]] for i in range(len(pieces))]
-        if any(_crc(c) != crc for c, crc in zip(chunks, fields[HEADER:], strict=True)):
+        if any(crc32(c) != crc for c, crc in zip(chunks, fields[HEADER:], strict=True)):
             refused.add(src)
             continue
         for p, chunk in zip(pieces, chunks, strict=True):
