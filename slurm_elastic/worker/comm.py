@@ -127,9 +127,59 @@ class Reaper:
 REAPER = Reaper()
 
 
+class Awaited:
+    """Collectives whose completion callback has not run yet. The group's own C++ thread runs the callback,
+    a Python function, and then drops it, both with the GIL: when an abandoned group's collective ends (at
+    its timeout) during the interpreter's finalization, that thread cannot take the GIL and the process
+    aborts (exit code 134)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._count = 0
+
+    def on_completion(self, future: Any, callback: Callable[[], None]) -> None:
+        with self._cond:
+            self._count += 1
+
+        def done(_: Any) -> None:
+            try:
+                callback()
+            finally:
+                with self._cond:
+                    self._count -= 1
+                    self._cond.notify_all()
+
+        future.add_done_callback(done)
+
+    def count(self) -> int:
+        with self._cond:
+            return self._count
+
+    def settle(self, timeout_s: float) -> int:
+        """Wait up to `timeout_s` for every callback to run; the number still waiting."""
+        with self._cond:
+            self._cond.wait_for(lambda: not self._count, timeout_s)
+            return self._count
+
+
+AWAITED = Awaited()
+
+
 def leftovers() -> bool:
-    """Whether abandoned process groups or blocked helper threads remain (they outlive a recovery)."""
-    return bool(HELPERS.busy() or REAPER.holding())
+    """Whether abandoned process groups, their collectives or blocked helper threads remain (they outlive a
+    recovery)."""
+    return bool(HELPERS.busy() or REAPER.holding() or AWAITED.count())
+
+
+def settle(timeout_s: float) -> bool:
+    """For processes whose ranks are threads (the in-process test doubles), before they exit: wait up to
+    `timeout_s` for what abandoned groups left blocked (helper calls, collectives) to return, as each does
+    within its group's timeout. Returns whether everything did."""
+    deadline = time.monotonic() + timeout_s
+    left = HELPERS.settle(timeout_s) + AWAITED.settle(max(0.0, deadline - time.monotonic()))
+    # a callback's C++ thread drops the callback just after it ran (with the GIL): let it
+    time.sleep(0.05)
+    return not left
 
 
 def run_interruptibly(fn: Callable[[], Any], interrupt: Interrupt, what: str) -> Any:
@@ -159,7 +209,7 @@ def _wait_work(work: Any, interrupt: Interrupt, what: str) -> None:
         run_interruptibly(work.wait, interrupt, what)
         return
     waiter = Waiter()
-    future.add_done_callback(lambda _: waiter.complete())
+    AWAITED.on_completion(future, waiter.complete)
     if not interrupt.wait(waiter):
         raise Interrupted(what)
     try:

@@ -26,14 +26,18 @@ from slurm_elastic.coordinator import CoordinatorThread
 from slurm_elastic.coordinator.config import CoordinatorConfig
 from slurm_elastic.faults import FaultInjector, FaultPlan
 from slurm_elastic.wire.channel import new_secret
-from slurm_elastic.worker.comm import REAPER, CollectiveFailed, Group, Interrupt
+from slurm_elastic.worker.comm import REAPER, CollectiveFailed, Group, Interrupt, settle
 from slurm_elastic.worker.control import ControlClient, Identity
 from slurm_elastic.worker.env import WorkerEnv
 from slurm_elastic.worker.ports import Control, Ports
 
-# Ranks as threads: the groups they abandoned are released before the interpreter's finalization (see
-# Reaper.release_all).
-atexit.register(REAPER.release_all)
+
+@atexit.register
+def _settle() -> None:
+    """Ranks as threads: before the interpreter's finalization, what their abandoned groups left blocked returns
+    (`comm.settle`) and those groups are released (`Reaper.release_all`)."""
+    settle(timeout_s=120.0)
+    REAPER.release_all()
 
 
 class RankDied(BaseException):

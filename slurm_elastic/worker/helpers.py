@@ -44,7 +44,7 @@ class Helpers:
     """Idle helpers are reused; a new one starts only when every helper is busy."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = threading.Condition()
         self._idle: list[_Helper] = []
         self._busy = 0
         self.started = 0  # helper threads started
@@ -67,14 +67,21 @@ class Helpers:
         with self._lock:
             return self._busy
 
+    def settle(self, timeout_s: float) -> int:
+        """Wait up to `timeout_s` for every call to return; the number still inside one (see `comm.settle`)."""
+        with self._lock:
+            self._lock.wait_for(lambda: not self._busy, timeout_s)
+            return self._busy
+
     def _release(self, helper: _Helper) -> None:
         with self._lock:
             self._busy -= 1
             self._idle.append(helper)
+            self._lock.notify_all()
 
     def _forget(self) -> None:
         """In a forked child: the helpers' threads were not copied, so a call queued to one would never run."""
-        self._lock = threading.Lock()
+        self._lock = threading.Condition()
         self._idle, self._busy = [], 0
 
 

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import signal
 import threading
 
 import pytest
+import torch
 
-from slurm_elastic.worker.comm import Interrupt, Interrupted, leftovers, run_interruptibly
+from slurm_elastic.worker.comm import Awaited, Interrupt, Interrupted, leftovers, run_interruptibly, settle
 from slurm_elastic.worker.helpers import HELPERS, Helpers
 
 
@@ -90,3 +92,44 @@ def test_a_forked_child_starts_its_own_helper() -> None:
             os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
     assert got == bytes([7, 0]), "the child's call never ran"
+
+
+def test_settle_waits_for_blocked_calls_within_its_bound() -> None:
+    pool, release = Helpers(), threading.Event()
+    blocked = _run(pool, lambda: release.wait(10))
+    assert pool.settle(timeout_s=0.05) == 1  # still blocked: settle gives up after its bound
+    threading.Timer(0.1, release.set).start()
+    assert pool.settle(timeout_s=10) == 0
+    assert blocked.wait(5)
+    assert Helpers().settle(timeout_s=0) == 0  # nothing to wait for
+
+
+def test_awaited_collectives_count_until_their_callback_ran() -> None:
+    awaited, future, woken = Awaited(), torch.futures.Future(), threading.Event()
+    awaited.on_completion(future, woken.set)
+    assert awaited.count() == 1 and awaited.settle(timeout_s=0.05) == 1
+    threading.Timer(0.1, future.set_result, args=(None,)).start()
+    assert awaited.settle(timeout_s=10) == 0
+    assert woken.is_set()
+
+
+def test_a_raising_callback_is_still_counted_as_run() -> None:
+    awaited, future = Awaited(), torch.futures.Future()
+
+    def boom() -> None:
+        raise RuntimeError("callback failed")
+
+    awaited.on_completion(future, boom)
+    with contextlib.suppress(RuntimeError):  # torch may report the callback's error where it ran
+        future.set_result(None)
+    assert awaited.count() == 0
+
+
+def test_settle_reports_whether_everything_returned() -> None:
+    release = threading.Event()
+    blocked = threading.Event()
+    HELPERS.submit(lambda: release.wait(10), blocked.set, "test")
+    assert settle(timeout_s=0.05) is False and leftovers()
+    release.set()
+    assert settle(timeout_s=10) is True
+    assert blocked.wait(5)
