@@ -161,8 +161,14 @@ class Awaited:
             self._cond.wait_for(lambda: not self._count, timeout_s)
             return self._count
 
+    def _forget(self) -> None:
+        """In a forked child: the groups' threads were not copied, so their callbacks will never run there."""
+        self._cond = threading.Condition()
+        self._count = 0
+
 
 AWAITED = Awaited()
+os.register_at_fork(after_in_child=AWAITED._forget)
 
 
 def leftovers() -> bool:

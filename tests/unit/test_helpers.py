@@ -11,7 +11,7 @@ import threading
 import pytest
 import torch
 
-from slurm_elastic.worker.comm import Awaited, Interrupt, Interrupted, leftovers, run_interruptibly, settle
+from slurm_elastic.worker.comm import AWAITED, Awaited, Interrupt, Interrupted, leftovers, run_interruptibly, settle
 from slurm_elastic.worker.helpers import HELPERS, Helpers
 
 
@@ -133,3 +133,17 @@ def test_settle_reports_whether_everything_returned() -> None:
     release.set()
     assert settle(timeout_s=10) is True
     assert blocked.wait(5)
+
+
+def test_a_forked_child_awaits_none_of_its_parents_collectives() -> None:
+    future = torch.futures.Future()
+    AWAITED.on_completion(future, lambda: None)
+    try:
+        pid = os.fork()
+        if pid == 0:
+            os._exit(10 + AWAITED.count())  # 10: the child awaits nothing
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 10
+        assert AWAITED.count() >= 1  # the parent still does
+    finally:
+        future.set_result(None)
