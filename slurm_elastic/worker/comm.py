@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import functools
 import os
 import threading
 import time
@@ -224,6 +225,16 @@ def _wait_work(work: Any, interrupt: Interrupt, what: str) -> None:
         raise CollectiveFailed(f"{what}: {exc}") from exc
 
 
+def _started(start: Callable[[], Any], what: str) -> Any:
+    """The work `start()` returns. A collective can fail as it starts: gloo's, when a peer's connection
+    already closed (the peer died); NCCL's, on an aborted communicator. That is a failed collective, not an
+    error of the user's code."""
+    try:
+        return start()
+    except RuntimeError as exc:
+        raise CollectiveFailed(f"{what} could not start: {exc}") from exc
+
+
 def pick_backend(requested: str) -> str:
     if requested == "auto":
         return "nccl" if torch.cuda.is_available() else "gloo"
@@ -310,18 +321,11 @@ class Group:
 
     def allreduce_(self, tensor: torch.Tensor) -> None:
         """Sum `tensor` over the group, in place."""
-        if self.pg is not None:
-            _wait_work(self.pg.allreduce([tensor]), self.interrupt, "allreduce")
+        self._launch(lambda: self.pg.allreduce([tensor]), "allreduce")()
 
     def launch_allreduce(self, tensor: torch.Tensor) -> Callable[[], None]:
         """Start a sum and return the function that waits for it (lets a fault fire mid-flight)."""
-        if self.pg is None:
-            return lambda: None
-        try:
-            work = self.pg.allreduce([tensor])
-        except RuntimeError as exc:  # e.g. NCCL refuses to start on an aborted communicator
-            raise CollectiveFailed(f"allreduce could not start: {exc}") from exc
-        return lambda: _wait_work(work, self.interrupt, "allreduce")
+        return self._launch(lambda: self.pg.allreduce([tensor]), "allreduce")
 
     def launch_all_gather(self, output: torch.Tensor, tensor: torch.Tensor) -> Callable[[], None]:
         """Start gathering every rank's `tensor` into `output` (rank order, concatenated); returns the wait."""
@@ -334,23 +338,20 @@ class Group:
     def _launch(self, start: Callable[[], Any], what: str) -> Callable[[], None]:
         if self.pg is None:
             return lambda: None
-        try:
-            work = start()
-        except RuntimeError as exc:
-            raise CollectiveFailed(f"{what} could not start: {exc}") from exc
+        work = _started(start, what)
         return lambda: _wait_work(work, self.interrupt, what)
 
     def allgather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
         if self.pg is None:
             return [tensor.clone()]
         out = [torch.empty_like(tensor) for _ in range(self.world)]
-        _wait_work(self.pg.allgather([out], [tensor]), self.interrupt, "allgather")
+        self._launch(lambda: self.pg.allgather([out], [tensor]), "allgather")()
         return out
 
     def exchange(self, sends: list[tuple[torch.Tensor, int, int]], recvs: list[tuple[torch.Tensor, int, int]]) -> None:
         """Point-to-point: (tensor, peer, tag) pairs; all are started before any is waited on."""
-        works = [self.pg.send([t], peer, tag) for t, peer, tag in sends]
-        works += [self.pg.recv([t], peer, tag) for t, peer, tag in recvs]
+        ops = [(self.pg.send, *s) for s in sends] + [(self.pg.recv, *r) for r in recvs]
+        works = [_started(functools.partial(op, [t], peer, tag), "state transfer") for op, t, peer, tag in ops]
         for work in works:
             _wait_work(work, self.interrupt, "state transfer")
 
