@@ -146,8 +146,12 @@ def plan_reshard(
     load: dict[str, int] = {h.holder: 0 for h in held}
     pieces: list[Piece] = []
     lost: list[Lost] = []
-    # (bytes, tensor, need, lo, hi, candidates): served after every split, largest first (greedy balance).
-    pending: list[tuple[int, int, Need, int, int, tuple[str, ...]]] = []
+    # (bytes, tensor, need, lo, hi, candidates). Balanced greedily, in an order that leaves each choice as
+    # much known load as it can: first the segments one holder alone can serve (no choice), then the large
+    # segments split between their holders, then the rest whole, largest first.
+    Segment = tuple[int, int, Need, int, int, tuple[str, ...]]
+    split: list[Segment] = []
+    pending: list[Segment] = []
     covers: dict[int, list[tuple[Need, int, int, tuple[str, ...]]]] = {}
     for t, (n, rb) in enumerate(zip(rows, row_bytes, strict=True)):
         if n not in covers:  # tensors of the same length are cut alike: their segments are found once
@@ -157,16 +161,21 @@ def plan_reshard(
                 pieces.append(Piece(t, need.member, need.role, a, b, need.member))
             elif not cands:
                 lost.append(Lost(t, a, b))
-            elif len(cands) > 1 and (b - a) * rb >= 2 * split_bytes:
-                k = min(len(cands), b - a)
-                bounds = [a + j * (b - a) // k for j in range(k + 1)]
-                parts = sorted(itertools.pairwise(bounds), key=lambda xy: (xy[0] - xy[1], xy[0]))
-                lightest = sorted(cands, key=lambda c: (load[c], c))  # the larger parts to the least loaded
-                for (x, y), who in zip(parts, lightest, strict=False):
-                    pieces.append(Piece(t, need.member, need.role, x, y, who))
-                    load[who] += (y - x) * rb
+            elif len(cands) == 1:
+                pieces.append(Piece(t, need.member, need.role, a, b, cands[0]))
+                load[cands[0]] += (b - a) * rb
+            elif b - a > 1 and (b - a) * rb >= 2 * split_bytes:
+                split.append(((b - a) * rb, t, need, a, b, cands))
             else:
                 pending.append(((b - a) * rb, t, need, a, b, cands))
+    for size, t, need, a, b, cands in split:
+        k = min(len(cands), b - a)
+        bounds = [a + j * (b - a) // k for j in range(k + 1)]
+        parts = sorted(itertools.pairwise(bounds), key=lambda xy: (xy[0] - xy[1], xy[0]))
+        lightest = sorted(cands, key=lambda c: (load[c], c))  # the larger parts to the least loaded
+        for (x, y), who in zip(parts, lightest, strict=False):
+            pieces.append(Piece(t, need.member, need.role, x, y, who))
+            load[who] += (y - x) * (size // (b - a))
     for size, t, need, a, b, cands in sorted(pending, key=lambda p: (-p[0], p[1], p[2], p[3])):
         who = min(cands, key=lambda c: (load[c], c))
         pieces.append(Piece(t, need.member, need.role, a, b, who))

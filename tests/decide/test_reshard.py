@@ -9,7 +9,7 @@ from collections import defaultdict
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from slurm_elastic.decide.layout import plan_layout
@@ -257,8 +257,21 @@ def test_every_needed_row_exactly_once_from_a_live_holder_or_reported_lost(
     check_plan(plan_reshard(rows, row_bytes, held, needs, split_bytes=split), rows, row_bytes, held, needs)
 
 
+# Found by hypothesis: w1 alone holds rows 0-2, which two members need, and shares rows 2-4 with w2. Served
+# before w1's forced rows were counted, rows 2-4 all went to w1 too (10 bytes, against a bound of 9).
+FORCED_FIRST = (
+    [0, 6, 0],
+    [1, 2, 1],
+    [Holding(h, 4, i) for h, i in [("w1", 1), ("w2", 2), ("w3", 3), ("w0", 3), ("w1", 0), ("w2", 1), ("w3", 2)]],
+    [Need(m, 6, i, "primary") for i, m in enumerate(["w0", "w1", "w2", "w3", "j0", "j1"])]
+    + [Need(m, 6, i, "mirror") for i, m in enumerate(["w1", "w2", "w3", "j0", "j1", "w0"])],
+    1,
+)
+
+
 @settings(max_examples=300, deadline=None)
 @given(scenarios())
+@example(FORCED_FIRST)
 def test_load_is_spread_within_one_piece_of_an_even_share(
     case: tuple[list[int], list[int], list[Holding], list[Need], int],
 ) -> None:
