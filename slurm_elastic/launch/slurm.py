@@ -262,18 +262,26 @@ class SlurmLaunch:
         return failed
 
     def finish(self, phase: str) -> None:
-        for step in [*(s for s, _ in self._steps.values()), *self._retired]:
+        for step in self._retired:  # agents that are gone: their srun may wait for a dead node's tasks
+            if step.poll() is None:
+                step.terminate()
+        # Every live agent, the first srun's and the relaunched ones alike, may take the grace to end on its
+        # own: after its loop a script may still run collectives over every rank (an FSDP2 model's
+        # `full_tensor()`), and a rank stopped early fails the others.
+        relaunched = [step for step, _ in self._steps.values()]
+        deadline = time.monotonic() + self.config.drain_grace_s
+        for step in [*relaunched, *([self.srun] if self.srun is not None else [])]:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                step.wait(timeout=max(0.0, deadline - time.monotonic()))
+        for step in relaunched:
             if step.poll() is None:
                 step.terminate()
         if self.srun is not None and self.srun.poll() is None:
+            self.srun.terminate()
             with contextlib.suppress(subprocess.TimeoutExpired):
-                self.srun.wait(timeout=self.config.drain_grace_s)
+                self.srun.wait(timeout=10)
             if self.srun.poll() is None:
-                self.srun.terminate()
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    self.srun.wait(timeout=10)
-                if self.srun.poll() is None:
-                    self.srun.kill()
+                self.srun.kill()
         with contextlib.suppress(SlurmError):
             for job in self.backend.jobs(name=satellite_name(self.slurm_job)):
                 if not job.is_finished:

@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -139,14 +139,18 @@ def submit_core(
     sbatch_args: tuple[str, ...] = (),
     env: Mapping[str, str] | None = None,
     template: Path = CORE,
+    command: Sequence[str] | None = None,
 ) -> ElasticSlurmJob:
+    """Submit `template` running `command` (by default train_slow.py for `steps` steps, `pause` s apart)."""
     root.mkdir(parents=True, exist_ok=True)
-    data = corpus(root.parent)
+    if command is None:
+        command = [
+            sys.executable, str(SLOW), "--data", str(corpus(root.parent)), "--steps", str(steps),
+            "--pause", str(pause), "--pause-file", str(root / "pause"), "--save", str(root / "model.pt"),
+        ]  # fmt: skip
     argv = [
         "sbatch", "--parsable", *([f"--nodes={nodes}"] if nodes else []), f"--chdir={root}",
-        f"--output={root}/core-%j.out", *sbatch_args, str(template),
-        sys.executable, str(SLOW), "--data", str(data), "--steps", str(steps), "--pause", str(pause),
-        "--pause-file", str(root / "pause"), "--save", str(root / "model.pt"),
+        f"--output={root}/core-%j.out", *sbatch_args, str(template), *command,
     ]  # fmt: skip
     # Settings go in sbatch's own environment: for SLURM_* names Slurm lets that win over --export=NAME=value.
     settings = {**job_env(root), **(env or {})}
