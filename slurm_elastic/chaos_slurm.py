@@ -55,6 +55,15 @@ def _settings(root: Path, reduce_dtype: str) -> dict[str, str]:
     }
 
 
+def held_step(events: list[dict[str, Any]]) -> int:
+    """The newest step the job holds. A `commit` record is rank 0's own commit; when a fault struck between
+    the ranks' commits of a step, rank 0 takes that step from a peer as the next generation forms, and only
+    that generation's `resume_step` says so."""
+    steps = [e["step"] for e in events if e["event"] == "commit"]
+    steps += [e["resume_step"] for e in events if e["event"] == "generation_ready"]
+    return max(steps, default=0)
+
+
 class _Job(EventsFile):
     """The core job, seen through its events file and Slurm, and the actions of the plan upon it."""
 
@@ -69,7 +78,7 @@ class _Job(EventsFile):
     # --- what the job is doing --------------------------------------------------------------------------
 
     def last_step(self) -> int:
-        return max((e["step"] for e in self.events("commit")), default=0)
+        return held_step(self.events())
 
     def members(self) -> set[str]:
         changes = self.events("membership_change")
@@ -302,9 +311,21 @@ def run_chaos_slurm(
         summary = _run(cluster, plan, root, reduce_dtype, log)
     except BaseException:
         log(f"chaos --slurm: the job's files are kept in {root} (events in home/jobs/*/events.jsonl)")
+        for line in _last_lines(root):
+            log(line)
         raise
     shutil.rmtree(root, ignore_errors=True)
     return {"seed": seed, **summary, "elapsed_s": round(time.monotonic() - started, 1)}
+
+
+def _last_lines(root: Path, count: int = 40, width: int = 400) -> list[str]:
+    """The end of each job's output (coordinator events, agents' and workers' messages), shortened: what a
+    failed run leaves where only its log survives (CI)."""
+    lines: list[str] = []
+    for out in sorted(root.glob("*.out")):
+        tail = out.read_text(errors="replace").splitlines()[-count:]
+        lines += [f"chaos --slurm: {out.name}, last {len(tail)} lines:"] + [f"  {t[:width]}" for t in tail]
+    return lines
 
 
 def _run(

@@ -364,6 +364,8 @@ class Coordinator:
             last = self._view.last_step
             resume = int(fields.get("resume_step", last))
             fields["lost_committed_steps"] = max(0, last - resume)
+            with self._view_lock:  # a fault between the ranks' commits of a step: rank 0 took it from a peer
+                self._view.last_step = max(self._view.last_step, resume)
             if self._fallback_from is not None:  # the first generation after a checkpoint fallback
                 before, self._fallback_from = self._fallback_from, None
                 self.events.emit(

@@ -11,7 +11,7 @@ import pytest
 from slurm_elastic.coordinator import CoordinatorThread
 from slurm_elastic.coordinator.config import CoordinatorConfig
 from slurm_elastic.wire.channel import Channel, connect, new_secret
-from slurm_elastic.wire.messages import Heartbeat, Register, Registered, WorkerEvent
+from slurm_elastic.wire.messages import Committed, Heartbeat, Register, Registered, WorkerEvent
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -69,4 +69,20 @@ def test_a_message_the_coordinator_cannot_act_on_is_dropped(coordinator: Coordin
     failed = next(e for e in coordinator.coordinator.events.all() if e["event"] == "checkpoint_failed")
     assert (failed["worker"], failed["job"]) == ("n1:0:0", "j"), "a worker cannot overwrite who and which job"
     assert "n1:0:0" in coordinator.coordinator.workers
+    channel.close()
+
+
+def test_a_step_rank_0_took_from_a_peer_is_where_the_job_is(coordinator: CoordinatorThread) -> None:
+    """A fault between the ranks' commits of step 39: rank 0 committed 38 and took 39 from a peer as the next
+    generation formed; `status` says 39, and a later resume from an older checkpoint takes nothing back."""
+    channel = registered(coordinator)
+    channel.send(Committed(generation=1, step=38, loss=1.0, samples=8, world=2, time=0.0))
+    wait_for(lambda: coordinator.coordinator.view().last_step == 38)
+    channel.send(WorkerEvent(kind="generation_ready", fields={"generation": 2, "resume_step": 39}))
+    wait_for(lambda: coordinator.coordinator.view().last_step == 39)
+    channel.send(WorkerEvent(kind="generation_ready", fields={"generation": 3, "resume_step": 30}))
+    wait_for(lambda: sum(e["event"] == "generation_ready" for e in coordinator.coordinator.events.all()) == 2)
+    assert coordinator.coordinator.view().last_step == 39
+    ready = [e for e in coordinator.coordinator.events.all() if e["event"] == "generation_ready"]
+    assert [e["lost_committed_steps"] for e in ready] == [0, 9]
     channel.close()
