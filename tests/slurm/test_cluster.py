@@ -106,7 +106,12 @@ log="$1"
 trap 'echo "TERM $SLURMD_NODENAME" >> "$log"; exit 143' TERM
 echo "up $SLURMD_NODENAME" >> "$log"
 sleep 1000 &
-wait
+wait $!
+status=$?
+# Slurm signals every process of the step: the sleep may die of the SIGTERM before this shell runs its trap.
+trap '' TERM
+[ "$status" -eq 143 ] && echo "TERM $SLURMD_NODENAME" >> "$log"
+exit "$status"
 """
 
 
