@@ -188,8 +188,9 @@ class _Job(EventsFile):
                     self.finished(self.elastic("grow", "--nodes", "1", "--partition", "train"))
                     grown = time.monotonic()
                 time.sleep(0.5)
-            crossed = time.time()
-            # The next generation (the newcomers in; or someone lost while they were let in), in sync.
+            # The next generation after the last registration (the newcomers in; or someone lost while they
+            # were let in), in sync. Not after this poll: a joiner may be let in at a step still in flight.
+            crossed = max(e["time"] for e in self.events("worker_registered"))
             self.wait_stepping("the next generation", lambda t=crossed: self.changed_since(t) and self.ready())  # type: ignore[misc]
             joined += sorted(self.members() - before)
         return joined
