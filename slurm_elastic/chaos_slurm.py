@@ -27,6 +27,7 @@ from typing import Any
 from slurm_elastic.chaos import PAUSE_S, command, fault_plan, fired, verdict
 from slurm_elastic.decide.chaos import ChaosFault, plan_slurm_chaos, steps_needed
 from slurm_elastic.devcluster import LocalCluster
+from slurm_elastic.devcluster.shell import tail
 from slurm_elastic.errors import ElasticError
 from slurm_elastic.events import EventsFile
 from slurm_elastic.launch.slurm import satellite_name
@@ -324,8 +325,8 @@ def _last_lines(root: Path, count: int = 40, width: int = 400) -> list[str]:
     failed run leaves where only its log survives (CI)."""
     lines: list[str] = []
     for out in sorted(root.glob("*.out")):
-        tail = out.read_text(errors="replace").splitlines()[-count:]
-        lines += [f"chaos --slurm: {out.name}, last {len(tail)} lines:"] + [f"  {t[:width]}" for t in tail]
+        last = tail(out, count).splitlines()
+        lines += [f"chaos --slurm: {out.name}, last {len(last)} lines:"] + [f"  {t[:width]}" for t in last]
     return lines
 
 
