@@ -6,8 +6,9 @@ float64 (exact mode), and with the model sharded by FSDP2 as (d) plain FSDP2 und
 ElasticJob with its second holder of every shard (docs/fsdp.md), each as a separate job, at three model
 sizes. Each job reports the time every step starts on rank 0 and every rank's peak resident memory (and,
 sharded, its optimizer state's bytes); the steady-state step time is the median gap between step starts
-after the first `warmup` steps. Modes alternate within each size (a to e, then again) so that a slow
-moment of the machine falls on all of them; ratios come from this one run.
+after the first `warmup` steps. Modes alternate within each size, a to e and then e to a, so that a slow
+moment of the machine falls on all of them and a drift over the run favours none; ratios come from this
+one run.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from slurm_elastic.worker.sharded import checksum
 from slurm_elastic.workload import corpus
 
 MODES = ("ddp", "float32", "float64", "fsdp", "elastic_fsdp")
+WORKLOADS = {"all": MODES, "ddp": MODES[:3], "fsdp": MODES[3:]}  # the modes each comparison needs
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,7 @@ class OverheadPlan:
     sizes: tuple[Size, ...] = SIZES
     warmup: int = 5
     repeats: int = 2
+    modes: tuple[str, ...] = MODES
     global_batch: int = 32
     micro_batch: int = 4
 
@@ -92,7 +95,8 @@ def _run_torchrun(plan: OverheadPlan, size: Size, data: Path, out: Path, mode: s
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
     if done.returncode != 0:
-        raise ElasticError(f"bench overhead: torchrun failed ({done.returncode}): {done.stderr[-2000:]}")
+        # torchrun's own summary alone fills 2 000 characters; the failing rank's message comes before it
+        raise ElasticError(f"bench overhead: torchrun failed ({done.returncode}): {done.stderr[-8000:]}")
     return _collect(out, plan)
 
 
@@ -125,42 +129,49 @@ def _measure(plan: OverheadPlan, size: Size, data: Path, out: Path, mode: str) -
     return _run_elastic(plan, size, data, out, mode)
 
 
+def run_order(modes: tuple[str, ...], repeat: int) -> tuple[str, ...]:
+    """The modes in the order repeat `repeat` runs them: forward, then backward (each mode's runs sit as
+    often before a compared mode as after it, so a machine that speeds up or slows down shifts no ratio)."""
+    return modes if repeat % 2 == 0 else modes[::-1]
+
+
 def _fraction(runs: list[Run]) -> float | None:
     found = [r.opt_fraction for r in runs if r.opt_fraction is not None]
     return round(max(found), 4) if found else None
 
 
 def _summary(size: Size, runs: dict[str, list[Run]]) -> dict[str, Any]:
-    step = {m: median([r.step_s for r in runs[m]]) for m in MODES}
-    rss = {m: max(r.peak_rss_mb for r in runs[m]) for m in MODES}
-    return {
-        "name": size.name,
-        "params": runs["ddp"][0].params,
-        "dim": size.dim,
-        "layers": size.layers,
-        "ddp_step_s": round(step["ddp"] or 0.0, 4),
-        "fast_step_s": round(step["float32"] or 0.0, 4),
-        "exact_step_s": round(step["float64"] or 0.0, 4),
-        "ratio_fast": _ratio(step["float32"], step["ddp"]),
-        "ratio_exact": _ratio(step["float64"], step["ddp"]),
-        "ddp_peak_rss_mb": rss["ddp"],
-        "fast_peak_rss_mb": rss["float32"],
-        "exact_peak_rss_mb": rss["float64"],
-        "rss_ratio_fast": _ratio(rss["float32"], rss["ddp"]),
-        "rss_ratio_exact": _ratio(rss["float64"], rss["ddp"]),
-        "fsdp_step_s": round(step["fsdp"] or 0.0, 4),
-        "elastic_fsdp_step_s": round(step["elastic_fsdp"] or 0.0, 4),
-        "ratio_fsdp": _ratio(step["elastic_fsdp"], step["fsdp"]),
-        "fsdp_peak_rss_mb": rss["fsdp"],
-        "elastic_fsdp_peak_rss_mb": rss["elastic_fsdp"],
-        "rss_ratio_fsdp": _ratio(rss["elastic_fsdp"], rss["fsdp"]),
-        "optimizer_state_fraction_fsdp": _fraction(runs["elastic_fsdp"]),
-        "optimizer_state_fraction_plain_fsdp": _fraction(runs["fsdp"]),
-        **{
-            f"{name}_step_s_runs": [round(r.step_s, 4) for r in runs[m]]
-            for name, m in zip(("ddp", "fast", "exact", "fsdp", "elastic_fsdp"), MODES, strict=True)
-        },
-    }
+    """The size's figures for the modes that ran (the replicated ones, the sharded ones, or both)."""
+    ran = [m for m in MODES if runs.get(m)]
+    step = {m: median([r.step_s for r in runs[m]]) or 0.0 for m in ran}
+    rss = {m: max(r.peak_rss_mb for r in runs[m]) for m in ran}
+    out: dict[str, Any] = {"name": size.name, "params": runs[ran[0]][0].params, "dim": size.dim, "layers": size.layers}
+    if "ddp" in ran:
+        out |= {
+            "ddp_step_s": round(step["ddp"], 4),
+            "fast_step_s": round(step["float32"], 4),
+            "exact_step_s": round(step["float64"], 4),
+            "ratio_fast": _ratio(step["float32"], step["ddp"]),
+            "ratio_exact": _ratio(step["float64"], step["ddp"]),
+            "ddp_peak_rss_mb": rss["ddp"],
+            "fast_peak_rss_mb": rss["float32"],
+            "exact_peak_rss_mb": rss["float64"],
+            "rss_ratio_fast": _ratio(rss["float32"], rss["ddp"]),
+            "rss_ratio_exact": _ratio(rss["float64"], rss["ddp"]),
+        }
+    if "fsdp" in ran:
+        out |= {
+            "fsdp_step_s": round(step["fsdp"], 4),
+            "elastic_fsdp_step_s": round(step["elastic_fsdp"], 4),
+            "ratio_fsdp": _ratio(step["elastic_fsdp"], step["fsdp"]),
+            "fsdp_peak_rss_mb": rss["fsdp"],
+            "elastic_fsdp_peak_rss_mb": rss["elastic_fsdp"],
+            "rss_ratio_fsdp": _ratio(rss["elastic_fsdp"], rss["fsdp"]),
+            "optimizer_state_fraction_fsdp": _fraction(runs["elastic_fsdp"]),
+            "optimizer_state_fraction_plain_fsdp": _fraction(runs["fsdp"]),
+        }
+    names = dict(zip(MODES, ("ddp", "fast", "exact", "fsdp", "elastic_fsdp"), strict=True))
+    return out | {f"{names[m]}_step_s_runs": [round(r.step_s, 4) for r in runs[m]] for m in ran}
 
 
 def run(plan: OverheadPlan, log: Callable[[str], None]) -> dict[str, Any]:
@@ -169,16 +180,16 @@ def run(plan: OverheadPlan, log: Callable[[str], None]) -> dict[str, Any]:
     sizes = []
     with tempfile.TemporaryDirectory(prefix="slurm-elastic-overhead-") as tmp:
         for size in plan.sizes:
-            runs: dict[str, list[Run]] = {mode: [] for mode in MODES}
+            runs: dict[str, list[Run]] = {mode: [] for mode in plan.modes}
             for rep in range(plan.repeats):
-                for mode in MODES:
+                for mode in run_order(plan.modes, rep):
                     r = _measure(plan, size, data, Path(tmp) / f"{size.name}-{mode}-{rep}", mode)
                     runs[mode].append(r)
                     log(f"  {size.name} ({r.params / 1e6:.1f} M) {mode}: {r.step_s:.4f} s/step, {r.peak_rss_mb} MB")
             sizes.append(_summary(size, runs))
-    ratios = [s["ratio_fast"] for s in sizes if s["ratio_fast"] is not None]
-    fsdp_ratios = [s["ratio_fsdp"] for s in sizes if s["ratio_fsdp"] is not None]
-    rss_ratios = [s["rss_ratio_fast"] for s in sizes if s["rss_ratio_fast"] is not None]
+    ratios = [s["ratio_fast"] for s in sizes if s.get("ratio_fast") is not None]
+    fsdp_ratios = [s["ratio_fsdp"] for s in sizes if s.get("ratio_fsdp") is not None]
+    rss_ratios = [s["rss_ratio_fast"] for s in sizes if s.get("rss_ratio_fast") is not None]
     return {
         "ranks": plan.ranks,
         "workload": (

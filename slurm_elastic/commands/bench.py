@@ -24,6 +24,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     overhead.add_argument("--json", action="store_true", help="print one JSON object")
     overhead.add_argument("--repeats", type=int, default=2, help="runs of each mode per size (median)")
     overhead.add_argument("--sizes", default="small,medium,large", help="model sizes to run (small,medium,large)")
+    overhead.add_argument(
+        "--mode",
+        choices=("all", "ddp", "fsdp"),
+        default="all",
+        help="what to compare: replicas against DDP, FSDP2 shards against plain FSDP2, or both",
+    )
     overhead.set_defaults(func=run_overhead)
     from slurm_elastic.hooks import bench as notify
 
@@ -49,7 +55,7 @@ def run_mttr(args: argparse.Namespace) -> int:
 
 
 def run_overhead(args: argparse.Namespace) -> int:
-    from slurm_elastic.bench.overhead import SIZES, OverheadPlan, run
+    from slurm_elastic.bench.overhead import SIZES, WORKLOADS, OverheadPlan, run
 
     known = {s.name: s for s in SIZES}
     names = [n.strip() for n in args.sizes.split(",") if n.strip()]
@@ -59,6 +65,7 @@ def run_overhead(args: argparse.Namespace) -> int:
     if args.repeats < 1:
         return fail(f"--repeats {args.repeats}: expected an integer >= 1")
     log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
-    result = run(OverheadPlan(sizes=tuple(known[n] for n in names), repeats=args.repeats), log)
+    plan = OverheadPlan(sizes=tuple(known[n] for n in names), repeats=args.repeats, modes=WORKLOADS[args.mode])
+    result = run(plan, log)
     print_result(result, args.json)
     return 0
