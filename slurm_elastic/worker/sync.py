@@ -30,7 +30,7 @@ class SyncResult:
     sources: tuple[int, ...]
     receivers: tuple[int, ...]
     reason: str
-    bytes_moved: int
+    bytes_moved: int  # by all ranks together (each rank planned the same transfers)
     seconds: float
     received: Snapshot | None = None
 
@@ -81,7 +81,7 @@ def synchronize(
             if hi > lo:
                 sends.append((buf[lo:hi], s.dst, s.chunk))
         group.exchange(sends, [])
-        return _result(plan, None, sum(t.numel() for t, _, _ in sends), started)
+        return _result(plan, None, layout.total * len(plan.receivers), started)
     raw = run_interruptibly(lambda: store.get(meta_key), group.interrupt, "state layout")
     published = json.loads(raw)
     layout = Layout.from_json(published["layout"])
@@ -93,4 +93,4 @@ def synchronize(
             recvs.append((buf[lo:hi], s.src, s.chunk))
     group.exchange([], recvs)
     snap = Snapshot(published["meta"], unpack(buf.cpu(), layout))  # RNG states must be CPU tensors
-    return _result(plan, snap, layout.total, started)
+    return _result(plan, snap, layout.total * len(plan.receivers), started)

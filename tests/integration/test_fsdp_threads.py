@@ -18,6 +18,8 @@ import torch
 from torch import nn
 from torch.distributed.fsdp import fully_shard
 
+from slurm_elastic.decide.layout import plan_layout
+from slurm_elastic.decide.reshard import shard_rows
 from slurm_elastic.errors import ConfigError
 from slurm_elastic.faults import FaultPlan
 from slurm_elastic.ledger import analyze
@@ -158,7 +160,11 @@ def test_a_rank_whose_initial_model_differs_takes_rank_0s(tmp_path: Path) -> Non
     job = ThreadJob(trainer(poke=differ), nodes=3, reduce_dtype="float32", ledger_dir=tmp_path)
     assert_reference(job.run(), world=3)
     ready = events(job, "generation_ready")[0]
-    assert ready["bytes"] > 0 and ready["receivers"] == [1] and "2 members hold the same" in ready["transfer"]
+    assert ready["receivers"] == [1] and "2 members hold the same" in ready["transfer"]
+    # The event counts every rank's sends: rank 1's own shard and its ward's, taken from ranks 0 and 2.
+    ward = plan_layout(["t1", "t2", "t3"], None).wards[1]  # type: ignore[index]
+    rows = [(p, *shard_rows(len(p), 3, i)) for p in model(shard=False).parameters() for i in (1, ward)]
+    assert ready["bytes"] == sum((hi - lo) * p[0].numel() * p.element_size() for p, lo, hi in rows), ready
 
 
 def test_the_placeholder_mesh_model_is_released_once_on_the_generation_mesh() -> None:

@@ -159,7 +159,7 @@ def _move(
             raise StateLost(f"generation {group.generation}, step {step}: {why}")
         copies = {role: c for role, c in replica.copies().items() if Holding(str(me), c[0], c[1]) in usable}
         got = execute(group, plan, entries, copies, mine, step, round_=round_, tamper=replica.tamper)
-        moved += got.bytes_out
+        moved += plan.bytes_moved  # every rank's sends: each rank planned the same
         if not got.refused_from:
             return got.rows, plan, moved
         excluded |= {str(r) for r in got.refused_from}
@@ -197,18 +197,19 @@ def _from_checkpoint(
     _install(replica, group, store, key_prefix, entries, small, zeros, dataclasses.replace(layout, wards=None))
     replica.set_small_state(load_shard(replica.checkpoint_dir, step, world, replica))
     replica.digests = replica.take_digests()  # what the mirrors below are checked against if this is interrupted
+    moved = 0  # the mirrors' bytes: the shards themselves came from disk
     if wards is not None:
         holdings = [Holding(str(r), layout.shards, layout.index(r)) for r in range(group.world)]
         members = [str(r) for r in range(group.world)]
         mirror_needs = [n for n in layout.needs(members) if n.role == "mirror"]
         mine = {"mirror": (layout.shards, wards[me])}
-        rows, _, _ = _move(replica, group, entries, holdings, mirror_needs, mine, step)
+        rows, _, moved = _move(replica, group, entries, holdings, mirror_needs, mine, step)
         replica.set_mirror(wards[me], {(e.fqn, e.key): rows[("mirror", t)] for t, e in enumerate(entries)})
         replica.wards, replica.layout = wards, layout
     replica.digests = replica.take_digests()
     log.info("resumed_from_checkpoint", step=step, saved_world=world, world=group.world, rank=group.rank)
     reason = f"fresh start from the sharded checkpoint of step {step} (saved by {world} ranks)"
-    return SyncResult(step, (), (), reason, 0, time.monotonic() - started)
+    return SyncResult(step, (), (), reason, moved, time.monotonic() - started)
 
 
 def _layout(

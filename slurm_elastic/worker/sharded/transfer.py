@@ -36,8 +36,6 @@ Tamper = Callable[[int, torch.Tensor], None]  # tests: (destination rank, payloa
 class Received:
     rows: dict[tuple[str, int], torch.Tensor]  # (role, entry index) -> this member's new rows
     refused_from: frozenset[int]  # senders whose data any member refused this round
-    bytes_in: int
-    bytes_out: int
 
 
 def _as_bytes(t: torch.Tensor) -> torch.Tensor:
@@ -84,7 +82,6 @@ def execute(
             incoming[int(p.src)].append(p)
     tag = 16 + 2 * round_
     sends: list[tuple[torch.Tensor, int, int]] = []
-    bytes_out = 0
     for dst, pieces in sorted(outgoing.items()):
         parts = [_as_bytes(_source_rows(copies, entries[p.tensor], p.tensor, p.lo, p.hi)) for p in pieces]
         header = torch.tensor(
@@ -96,7 +93,6 @@ def execute(
         sends.append((header, dst, tag))
         if payload.numel():
             sends.append((payload, dst, tag + 1))
-        bytes_out += payload.numel()
     recvs: list[tuple[torch.Tensor, int, int]] = []
     expected: dict[int, tuple[torch.Tensor, torch.Tensor, list[int]]] = {}
     for src, pieces in sorted(incoming.items()):
@@ -110,7 +106,6 @@ def execute(
     if sends or recvs:
         group.exchange(sends, recvs)
     refused: set[int] = set()
-    bytes_in = 0
     for src, (header, payload, sizes) in expected.items():
         pieces = incoming[src]
         fields = header.tolist()
@@ -126,14 +121,13 @@ def execute(
             e = entries[p.tensor]
             lo = shard_rows(e.rows, *needs[p.role])[0]
             rows[(p.role, p.tensor)][p.lo - lo : p.hi - lo].view(-1).view(torch.uint8).copy_(chunk)
-        bytes_in += payload.numel()
     flags = torch.zeros(group.world, dtype=torch.float64)
     for src in refused:
         flags[src] = 1.0
     if group.world > 1:
         group.allreduce_(flags)
     everyone = frozenset(int(r) for r in torch.nonzero(flags).flatten().tolist())
-    return Received(rows, everyone, bytes_in, bytes_out)
+    return Received(rows, everyone)
 
 
 __all__ = ["MAGIC", "Received", "execute"]
