@@ -7,7 +7,7 @@ ElasticJob with its second holder of every shard (docs/fsdp.md), each as a separ
 sizes. Each job reports the time every step starts on rank 0 and every rank's peak resident memory (and,
 sharded, its optimizer state's bytes); the steady-state step time is the median gap between step starts
 after the first `warmup` steps. Modes alternate within each size, a to e and then e to a, so that a slow
-moment of the machine falls on all of them and a drift over the run favours none; ratios come from this
+moment of the machine falls on all of them and a steady drift favours none; ratios come from this
 one run.
 """
 
@@ -131,7 +131,7 @@ def _measure(plan: OverheadPlan, size: Size, data: Path, out: Path, mode: str) -
 
 def run_order(modes: tuple[str, ...], repeat: int) -> tuple[str, ...]:
     """The modes in the order repeat `repeat` runs them: forward, then backward (each mode's runs sit as
-    often before a compared mode as after it, so a machine that speeds up or slows down shifts no ratio)."""
+    often before a compared mode as after it, so a machine that speeds up or slows down steadily favours none)."""
     return modes if repeat % 2 == 0 else modes[::-1]
 
 
