@@ -25,7 +25,7 @@ from slurm_elastic.decide.failures import restart_decision
 from slurm_elastic.decide.health import stalled_for
 from slurm_elastic.decide.worker import EXIT_COORDINATOR_LOST
 from slurm_elastic.errors import ElasticError, InvalidMessage
-from slurm_elastic.jobsecret import SECRET_FD, secret_pipe
+from slurm_elastic.jobsecret import SECRET_FD, Secret, secret_pipe
 from slurm_elastic.lineage import become_subreaper, die_with_parent, kill_adopted, reap_adopted
 from slurm_elastic.nodecache import remove_job_cache
 from slurm_elastic.wire.channel import Channel, connect
@@ -76,7 +76,7 @@ class AgentConfig:
     node: str
     nproc: int
     coordinator: str
-    secret: str
+    secret: str = field(repr=False)
     job_id: str
     command: list[str]
     max_restarts: int = 3
@@ -469,7 +469,7 @@ def main(argv: list[str] | None = None) -> int:
     node = args.node or os.environ.get("SLURMD_NODENAME") or socket.gethostname()
     # Out of this process's environment at once (its children never inherit it); each worker gets it through
     # a pipe of its own (see _spawn).
-    secret = os.environ.pop("SLURM_ELASTIC_SECRET", "")
+    secret = Secret(os.environ.pop("SLURM_ELASTIC_SECRET", ""))
     try:
         if args.join:
             config = _join_config(args.join, node, command)

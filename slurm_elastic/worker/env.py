@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from slurm_elastic.errors import ConfigError
 from slurm_elastic.faults import FaultPlan
-from slurm_elastic.jobsecret import SECRET_FD, handed_over
+from slurm_elastic.jobsecret import SECRET_FD, Secret, handed_over
 
 PREFIX = "SLURM_ELASTIC_"
 
@@ -22,7 +22,7 @@ PREFIX = "SLURM_ELASTIC_"
 @dataclass(frozen=True)
 class WorkerEnv:
     coordinator: str | None
-    secret: str
+    secret: str = field(repr=False)
     job_id: str
     node: str
     local_rank: int
@@ -92,7 +92,7 @@ def worker_env(env: Mapping[str, str] | None = None, *, secret: str | None = Non
     incarnation = _int(env, "INCARNATION", 0)
     return WorkerEnv(
         coordinator=coordinator,
-        secret=secret or "",
+        secret=Secret(secret or ""),
         job_id=env.get(PREFIX + "JOB_ID", "standalone"),
         node=node,
         local_rank=local_rank,
