@@ -19,6 +19,11 @@ __all__ = [
 ]
 
 from slurm_elastic.errors import ElasticError, UsageError
+from slurm_elastic.jobsecret import take_from_environment
+
+# First of all: the job's secret out of the descriptor and the variable the node agent handed it over in,
+# before the training code can start a process that would inherit them (see jobsecret).
+take_from_environment()
 
 if TYPE_CHECKING:
     from slurm_elastic.faults import FaultPlan

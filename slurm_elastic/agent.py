@@ -25,6 +25,7 @@ from slurm_elastic.decide.failures import restart_decision
 from slurm_elastic.decide.health import stalled_for
 from slurm_elastic.decide.worker import EXIT_COORDINATOR_LOST
 from slurm_elastic.errors import ElasticError, InvalidMessage
+from slurm_elastic.jobsecret import SECRET_FD, Secret, secret_pipe
 from slurm_elastic.lineage import become_subreaper, die_with_parent, kill_adopted, reap_adopted
 from slurm_elastic.nodecache import remove_job_cache
 from slurm_elastic.wire.channel import Channel, connect
@@ -75,7 +76,7 @@ class AgentConfig:
     node: str
     nproc: int
     coordinator: str
-    secret: str
+    secret: str = field(repr=False)
     job_id: str
     command: list[str]
     max_restarts: int = 3
@@ -123,10 +124,10 @@ class Agent:
         cfg = self.config
         env = dict(os.environ)
         env.update(cfg.worker_env)
+        env.pop("SLURM_ELASTIC_SECRET", None)  # never in a worker's environment: it gets a pipe (below)
         env.update(
             {
                 "SLURM_ELASTIC_COORDINATOR": cfg.coordinator,
-                "SLURM_ELASTIC_SECRET": cfg.secret,
                 "SLURM_ELASTIC_JOB_ID": cfg.job_id,
                 "SLURM_ELASTIC_NODE": cfg.node,
                 "SLURM_ELASTIC_LOCAL_RANK": str(slot.local_rank),
@@ -140,12 +141,19 @@ class Agent:
         slot.expected_exit = slot.restart_due = slot.evicted = False
         # Only the main thread starts workers: each dies with the thread that started it (see lineage).
         assert threading.current_thread() is threading.main_thread()
+        # The secret goes in a fresh pipe per start (a restarted worker reads its own), which the worker library
+        # reads and closes at `import slurm_elastic`: nothing the training code starts inherits it (jobsecret).
+        secret_fd, env[SECRET_FD] = secret_pipe(cfg.secret)
         try:
-            slot.proc = subprocess.Popen(cfg.command, env=env, stderr=subprocess.PIPE, preexec_fn=die_with_parent())
+            slot.proc = subprocess.Popen(
+                cfg.command, env=env, stderr=subprocess.PIPE, preexec_fn=die_with_parent(), pass_fds=(secret_fd,)
+            )
         except OSError as exc:  # no such program: as if it had exited at once, with the shell's code
             log.error("worker_not_started", worker=self.worker_id(slot), command=cfg.command[0], error=str(exc))
             self._ended(slot, 127, f"cannot start {cfg.command[0]!r}: {exc.strerror or exc}")
             return
+        finally:
+            os.close(secret_fd)  # the worker holds its own copy
         assert slot.proc.stderr is not None
         slot.stderr = StderrTail(slot.proc.stderr, sys.stderr.buffer)
         threading.Thread(
@@ -459,8 +467,9 @@ def main(argv: list[str] | None = None) -> int:
 
     configure_logging(os.environ.get("SLURM_ELASTIC_LOG_FORMAT", "console"))  # type: ignore[arg-type]
     node = args.node or os.environ.get("SLURMD_NODENAME") or socket.gethostname()
-    # Out of this process's environment at once: only the workers get it, in theirs (see _spawn).
-    secret = os.environ.pop("SLURM_ELASTIC_SECRET", "")
+    # Out of this process's environment at once (its children never inherit it); each worker gets it through
+    # a pipe of its own (see _spawn).
+    secret = Secret(os.environ.pop("SLURM_ELASTIC_SECRET", ""))
     try:
         if args.join:
             config = _join_config(args.join, node, command)

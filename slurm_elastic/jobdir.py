@@ -20,10 +20,11 @@ import os
 import secrets
 import stat
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from slurm_elastic.errors import ElasticError
+from slurm_elastic.jobsecret import Secret
 
 HANDLE = "coordinator.json"
 MAX_FILE_BYTES = 16 * 1024 * 1024
@@ -41,10 +42,13 @@ def job_dir(job_id: str, root: Path | None = None) -> Path:
 class JobHandle:
     job_id: str
     address: str
-    secret: str
+    secret: str = field(repr=False)
     host: str
     pid: int
     started: float
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "secret", Secret(self.secret))  # a repr that hides it, wherever it goes next
 
     def write(self, directory: Path) -> Path:
         return write_private(directory, HANDLE, json.dumps(asdict(self)).encode())

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
@@ -13,7 +13,7 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class CoordinatorConfig:
     job_id: str
-    secret: str
+    secret: str = field(repr=False)
     expected_workers: int
     min_workers: int = 1
     host: str = "127.0.0.1"

@@ -30,6 +30,7 @@ from collections import OrderedDict
 from pydantic import BaseModel, ValidationError
 
 from slurm_elastic.errors import AuthError, InvalidMessage, ProtocolError
+from slurm_elastic.jobsecret import Secret
 from slurm_elastic.wire.messages import Challenge, Hello, Message, Refused, Role, Welcome, parse_message
 
 MAX_FRAME = 16 * 1024 * 1024  # read only from authenticated peers: a store value (8 MiB) in base64 fits
@@ -39,8 +40,8 @@ MAX_PENDING_HANDSHAKES = 64
 _HEADER = struct.Struct(">I")
 
 
-def new_secret() -> str:
-    return secrets.token_hex(32)
+def new_secret() -> Secret:
+    return Secret(secrets.token_hex(32))
 
 
 def proof(secret: str, nonce: str, role: str, job_id: str) -> str:

@@ -1,41 +1,28 @@
 """What the agent tells a worker through its environment. Absent a coordinator, the worker runs alone.
 
-The job's secret arrives in SLURM_ELASTIC_SECRET and leaves the environment as soon as the worker library
-is imported (and again whenever the environment is read): the user's training code, and every process
-it starts, never inherit it. The library keeps it in this process's memory only.
+The job's secret is never in the environment: the agent hands it over through an inherited pipe, which
+`import slurm_elastic` reads and closes (slurm_elastic.jobsecret); the user's training code, and every
+process it starts, never inherit it. The library keeps it in this process's memory only.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from slurm_elastic.errors import ConfigError
 from slurm_elastic.faults import FaultPlan
+from slurm_elastic.jobsecret import SECRET_FD, Secret, handed_over
 
 PREFIX = "SLURM_ELASTIC_"
-SECRET = PREFIX + "SECRET"
-_taken = ""  # the secret, once removed from os.environ
-
-
-def take_secret() -> str:
-    """Remove the job's secret from os.environ and return it (the same value on every later call)."""
-    global _taken
-    value = os.environ.pop(SECRET, None)
-    if value:
-        _taken = value
-    return _taken
-
-
-take_secret()  # at import: before the user's code can start a subprocess with the secret in it
 
 
 @dataclass(frozen=True)
 class WorkerEnv:
     coordinator: str | None
-    secret: str
+    secret: str = field(repr=False)
     job_id: str
     node: str
     local_rank: int
@@ -88,19 +75,24 @@ def _path(env: Mapping[str, str], name: str) -> Path | None:
     return Path(raw) if raw else None
 
 
-def worker_env(env: Mapping[str, str] | None = None) -> WorkerEnv:
-    """The worker's settings from `env`; from os.environ by default, whose secret is taken out of it."""
-    secret = take_secret() if env is None else env.get(SECRET, "")
+def worker_env(env: Mapping[str, str] | None = None, *, secret: str | None = None) -> WorkerEnv:
+    """The worker's settings from `env` (os.environ by default); the job's secret is `secret`, by default
+    the one this process's node agent handed over (read at `import slurm_elastic`)."""
     env = os.environ if env is None else env
     coordinator = env.get(PREFIX + "COORDINATOR") or None
+    if coordinator and secret is None:
+        secret = handed_over()  # raises the hand-over's failure, naming SLURM_ELASTIC_SECRET_FD
     if coordinator and not secret:
-        raise ConfigError(f"{PREFIX}COORDINATOR is set but {SECRET} is missing")
+        raise ConfigError(
+            f"{PREFIX}COORDINATOR is set but no secret was handed over ({SECRET_FD} is missing): "
+            "workers are started by the node agent (slurm-elastic run, the sbatch templates)"
+        )
     node = env.get(PREFIX + "NODE", "standalone")
     local_rank = _int(env, "LOCAL_RANK", 0)
     incarnation = _int(env, "INCARNATION", 0)
     return WorkerEnv(
         coordinator=coordinator,
-        secret=secret,
+        secret=Secret(secret or ""),
         job_id=env.get(PREFIX + "JOB_ID", "standalone"),
         node=node,
         local_rank=local_rank,
