@@ -10,7 +10,8 @@ challenge-response, so the secret itself never crosses the wire:
 The server checks the client's proof before it says anything else, and the client checks the server's
 before it trusts anything the server says: a process that took over a stale coordinator address cannot
 pass. Before a peer is authenticated only frames of at most PREAUTH_MAX_FRAME bytes are read, the whole
-handshake must end within HANDSHAKE_TIMEOUT_S, the coordinator keeps at most a fixed number of connections in
+exchange must end within HANDSHAKE_TIMEOUT_S on each side (one deadline, not one per read: a peer that
+dribbles a byte at a time gains nothing), the coordinator keeps at most a fixed number of connections in
 their handshake (`HandshakeGate`), and nothing the peer sent is quoted in an error: a failure names one of
 REFUSAL_CATEGORIES.
 """
@@ -98,14 +99,36 @@ class Channel:
         with self._send_lock:
             self._sock.sendall(data)
 
-    def recv(self, timeout: float | None = None, max_frame: int | None = None) -> Message:
-        self._sock.settimeout(timeout)
-        (length,) = _HEADER.unpack(self._recv_exact(_HEADER.size))
-        return decode_body(self._recv_exact(_check_length(length, max_frame)))
+    def recv(
+        self, timeout: float | None = None, max_frame: int | None = None, *, deadline: float | None = None
+    ) -> Message:
+        """The next message. `timeout` bounds the whole frame, not each read of it, and so does `deadline`
+        (a `time.monotonic()`, for several frames in one bound): a peer that sends a byte at a time holds
+        the caller no longer. Past it, TimeoutError."""
+        if timeout is not None:
+            ends = time.monotonic() + timeout
+            deadline = ends if deadline is None else min(deadline, ends)
+        if deadline is None:
+            self._sock.settimeout(None)
+            return self._read_frame(max_frame, None)
+        try:
+            return self._read_frame(max_frame, deadline)
+        finally:
+            with contextlib.suppress(OSError):  # closed meanwhile: the read's own error says so
+                self._sock.settimeout(timeout)  # the sends that follow get the caller's, not what was left
 
-    def _recv_exact(self, n: int) -> bytes:
+    def _read_frame(self, max_frame: int | None, deadline: float | None) -> Message:
+        (length,) = _HEADER.unpack(self._recv_exact(_HEADER.size, deadline))
+        return decode_body(self._recv_exact(_check_length(length, max_frame), deadline))
+
+    def _recv_exact(self, n: int, deadline: float | None = None) -> bytes:
         buf = bytearray()
         while len(buf) < n:
+            if deadline is not None:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError(f"no whole frame in the time allowed ({len(buf)} of {n} bytes came)")
+                self._sock.settimeout(remaining)
             chunk = self._sock.recv(n - len(buf))
             if not chunk:
                 raise ConnectionError("control connection closed by peer")
@@ -130,9 +153,11 @@ def connect(
 ) -> Channel:
     """Connect to a coordinator; each side proves to the other that it holds the job's secret.
 
-    With `retry_s`, a connection refused, reset or closed during the handshake (a coordinator starting,
-    or evicting handshakes under a flood of idle connections) is tried again, with backoff, for that
-    long. A failed proof (AuthError) or a malformed answer (ProtocolError) is never retried.
+    The TCP connection must open within `timeout`; the exchange that follows (challenge, hello, welcome)
+    must end within HANDSHAKE_TIMEOUT_S in all, as on the server's side. With `retry_s`, a connection
+    refused, reset, closed or timed out during the handshake (a coordinator starting, or evicting
+    handshakes under a flood of idle connections) is tried again, with backoff, for that long. A failed
+    proof (AuthError) or a malformed answer (ProtocolError) is never retried.
     """
     deadline = time.monotonic() + retry_s
     pause = 0.05
@@ -149,10 +174,11 @@ def connect(
 def _connect_once(address: str, secret: str, job_id: str, role: Role, timeout: float) -> Channel:
     host, port = parse_address(address)
     sock = socket.create_connection((host, port), timeout=timeout)
+    deadline = time.monotonic() + HANDSHAKE_TIMEOUT_S  # one bound for the whole exchange, never one per read
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     channel = Channel(sock)
     try:
-        challenge = _recv_unauthenticated(channel, address, "challenge")
+        challenge = _recv_unauthenticated(channel, deadline, address, "challenge")
         if not isinstance(challenge, Challenge):
             raise ProtocolError(f"expected a challenge from {address}, got {challenge.type!r}")
         if challenge.job_id != job_id:  # its job id is a stranger's text until it proves the secret: not quoted
@@ -160,7 +186,7 @@ def _connect_once(address: str, secret: str, job_id: str, role: Role, timeout: f
         mine = secrets.token_hex(16)
         hello = Hello(role=role, job_id=job_id, nonce=mine, proof=proof(secret, challenge.nonce, role, job_id))
         channel.send(hello)
-        answer = _recv_unauthenticated(channel, address, "welcome")
+        answer = _recv_unauthenticated(channel, deadline, address, "welcome")
         if isinstance(answer, Refused):  # its reason is not quoted: the coordinator only ever gives this one
             raise AuthError(f"coordinator {address} refused the connection: bad job secret")
         if not isinstance(answer, Welcome):
@@ -178,17 +204,21 @@ def _connect_once(address: str, secret: str, job_id: str, role: Role, timeout: f
     return channel
 
 
-def _recv_unauthenticated(channel: Channel, address: str, what: str) -> Message:
-    """One handshake frame from a server that has not proved the secret: small, and quoted in no error (a
-    malformed one names only what was expected)."""
+def _recv_unauthenticated(channel: Channel, deadline: float, address: str, what: str) -> Message:
+    """One handshake frame from a server that has not proved the secret: small, by `deadline`, and quoted
+    in no error (a malformed one names only what was expected)."""
     try:
-        return channel.recv(timeout=HANDSHAKE_TIMEOUT_S, max_frame=PREAUTH_MAX_FRAME)
+        return channel.recv(max_frame=PREAUTH_MAX_FRAME, deadline=deadline)
     except InvalidMessage:
         raise ProtocolError(f"malformed {what} from {address}") from None
+    except TimeoutError:
+        raise TimeoutError(
+            f"no {what} from {address} within the handshake timeout of {HANDSHAKE_TIMEOUT_S:g} s"
+        ) from None
 
 
 def request(address: str, msg: BaseModel, *, secret: str, job_id: str, timeout: float = 10.0) -> Message:
-    """One request, one reply, as a `client` (status, drain...)."""
+    """One request, one reply, as a `client` (status, drain...); the whole reply within `timeout`."""
     channel = connect(address, secret=secret, job_id=job_id, role="client", timeout=timeout)
     try:
         channel.send(msg)
