@@ -8,6 +8,7 @@ import sys
 
 from slurm_elastic import __version__
 from slurm_elastic.errors import ConfigError, ElasticError
+from slurm_elastic.sanitize import printable_lines
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -46,10 +47,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         code = args.func(args)
     except ConfigError as exc:
-        print(f"slurm-elastic: error: {exc}", file=sys.stderr)
+        print(f"slurm-elastic: error: {printable_lines(str(exc))}", file=sys.stderr)
         return 2
-    except ElasticError as exc:
-        print(f"slurm-elastic: error: {exc}", file=sys.stderr)
+    except ElasticError as exc:  # may quote a peer's reason or a worker's stderr: shown, never acted on
+        print(f"slurm-elastic: error: {printable_lines(str(exc))}", file=sys.stderr)
         return 1
     return int(code or 0)
 

@@ -23,6 +23,15 @@ class AuthError(ProtocolError):
     """A control connection did not prove that it holds the job's secret."""
 
 
+class HandshakeRefused(AuthError):
+    """A peer failed the coordinator's handshake. Its message is a fixed category, never anything the peer
+    sent: an unauthenticated peer's bytes reach no event, log line or terminal."""
+
+    def __init__(self, category: str) -> None:
+        super().__init__(f"handshake refused: {category}")
+        self.category = category
+
+
 class SlurmError(ElasticError):
     """A Slurm command failed or Slurm is not reachable."""
 

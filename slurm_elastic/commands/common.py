@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from slurm_elastic.config import JobConfig, resolve_config
+from slurm_elastic.sanitize import printable_lines
 
 
 def add_job_flags(parser: argparse.ArgumentParser) -> None:
@@ -46,5 +47,6 @@ def print_result(result: dict[str, Any], as_json: bool) -> None:
 
 
 def fail(message: str, code: int = 2) -> int:
-    print(f"slurm-elastic: error: {message}", file=sys.stderr)
+    """Print the error (which may quote a worker's stderr or a peer's reason: shown, never acted on)."""
+    print(f"slurm-elastic: error: {printable_lines(message)}", file=sys.stderr)
     return code

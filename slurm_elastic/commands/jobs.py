@@ -14,6 +14,7 @@ from collections.abc import Callable
 from slurm_elastic.commands.common import fail
 from slurm_elastic.errors import ElasticError, SlurmError
 from slurm_elastic.jobdir import JobHandle, find_job, job_dir
+from slurm_elastic.sanitize import printable
 from slurm_elastic.wire import messages as msg
 from slurm_elastic.wire.channel import request
 
@@ -54,6 +55,8 @@ def status_of(handle: JobHandle) -> msg.StatusReply:
 
 
 def render_status(s: msg.StatusReply) -> str:
+    """The status for a person. Its text comes from peers, workers and the user's code (worker ids, reasons,
+    stderr tails): each line is made printable, so no control character of theirs reaches the terminal."""
     rate = f", {s.samples_per_s:.1f} samples/s" if s.samples_per_s else ""
     loss = f", loss {s.loss:.4f}" if s.loss is not None else ""
     lines = [f"job {s.job_id}: {s.state}, generation {s.generation}, world {s.world_size}, step {s.step}{loss}{rate}"]
@@ -72,13 +75,19 @@ def render_status(s: msg.StatusReply) -> str:
     for e in s.events[-10:]:
         when = time.strftime("%H:%M:%S", time.localtime(e["time"]))
         detail = " ".join(f"{k}={v}" for k, v in e.items() if k not in skip and not isinstance(v, list | dict))
-        lines.append(f"  {when} {e['event']} {detail}"[:160])
-    return "\n".join(lines)
+        lines.append(printable(f"  {when} {e['event']} {detail}")[:160])
+    return "\n".join(printable(line) for line in lines)
+
+
+def status_json(s: msg.StatusReply) -> str:
+    """The status for tools: every value as it is, in JSON whose every character outside printable ASCII is
+    escaped (`\\u001b`), so printing it to a terminal is safe too."""
+    return json.dumps(s.model_dump(mode="json"), separators=(",", ":")).replace("\x7f", "\\u007f")
 
 
 def run_status(args: argparse.Namespace) -> int:
     reply = status_of(find_job(args.job))
-    print(reply.model_dump_json() if args.json else render_status(reply))
+    print(status_json(reply) if args.json else render_status(reply))
     return 0
 
 

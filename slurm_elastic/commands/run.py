@@ -11,6 +11,7 @@ import sys
 from slurm_elastic.commands.common import add_job_flags, command_after_dashes, fail, job_config
 from slurm_elastic.launch.local import JobResult, LocalJob
 from slurm_elastic.logs import configure_logging
+from slurm_elastic.sanitize import printable_lines
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -56,5 +57,5 @@ def report(job_id: str, result: JobResult, command: list[str]) -> int:
         ]
         return fail(f"job {job_id} finished training, but then: {'; '.join(failed)}", 1)
     if result.failure_traceback:
-        sys.stderr.write(result.failure_traceback.rstrip("\n") + "\n")
+        sys.stderr.write(printable_lines(result.failure_traceback.rstrip("\n")) + "\n")
     return fail(f"job {job_id} {result.phase}: {result.reason} [command: {shlex.join(command)}]", 1)

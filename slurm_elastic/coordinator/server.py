@@ -21,10 +21,11 @@ from pydantic import BaseModel
 
 from slurm_elastic.coordinator.config import CoordinatorConfig
 from slurm_elastic.coordinator.records import Commit, Peer, PublicView, throughput
+from slurm_elastic.coordinator.refusals import RefusalSummary
 from slurm_elastic.decide import membership as m
 from slurm_elastic.decide.failures import ExitRecord, identical_failure_verdict, never_joined_verdict, record_failure
 from slurm_elastic.decide.health import Liveness, find_unresponsive, stalled_for
-from slurm_elastic.errors import AuthError, InvalidMessage, ProtocolError
+from slurm_elastic.errors import AuthError, HandshakeRefused, InvalidMessage, ProtocolError
 from slurm_elastic.events import EventLog
 from slurm_elastic.jobdir import private_dir
 from slurm_elastic.rendezvous.service import StoreService
@@ -76,6 +77,8 @@ class Coordinator:
         self.drained_nodes: set[str] = set()  # every node ever asked to leave: never relaunched
         self.store = StoreService(STORE_PREFIX)
         self.gate = HandshakeGate()
+        self.refusals = RefusalSummary()
+        self._refusal_report: asyncio.TimerHandle | None = None
         self.server: asyncio.AbstractServer | None = None
         self.address = ""
 
@@ -151,14 +154,36 @@ class Coordinator:
                 await self._serve_client(first, writer)
             else:
                 raise ProtocolError(f"a {role} may not open with {first.type!r}")
-        except (AuthError, ProtocolError) as exc:
-            self.events.emit("connection_refused", reason=str(exc), peer=str(writer.get_extra_info("peername")))
+        except HandshakeRefused as exc:  # a peer without the secret: counted, never quoted
+            self._refused(exc.category, writer)
+        except (AuthError, ProtocolError) as exc:  # an authenticated peer's mistake
+            self.events.emit("connection_refused", reason=str(exc)[:500], peer=str(writer.get_extra_info("peername")))
         except (ConnectionError, asyncio.IncompleteReadError, TimeoutError):
             pass
         finally:
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
+
+    def _refused(self, category: str, writer: asyncio.StreamWriter) -> None:
+        """One refused handshake: reported at once after a quiet spell, else summed up once an interval."""
+        peername = writer.get_extra_info("peername")  # the kernel's record of the peer's address
+        peer = str(peername[0]) if isinstance(peername, tuple) and peername else "unknown"
+        summary = self.refusals.note(category, peer, time.monotonic())
+        if summary is not None:
+            self.events.emit("handshakes_refused", **summary)
+        elif self._refusal_report is None and (due := self.refusals.due()) is not None:
+            delay = max(0.0, due - time.monotonic())
+            self._refusal_report = asyncio.get_running_loop().call_later(delay, self.report_refusals)
+
+    def report_refusals(self) -> None:
+        """Emit the refusals not yet reported (at the end of their interval, or when the coordinator stops)."""
+        if self._refusal_report is not None:
+            self._refusal_report.cancel()
+            self._refusal_report = None
+        summary = self.refusals.take(time.monotonic())
+        if summary is not None:
+            self.events.emit("handshakes_refused", **summary)
 
     def _send(self, peer: Peer | None, message: BaseModel) -> None:
         if peer is not None and not peer.writer.is_closing():

@@ -92,6 +92,7 @@ class CoordinatorThread:
                 peer.writer.close()
             coord.store.close()
             coord.gate.abort_all()
+            coord.report_refusals()  # the last interval's, not left unsaid
 
         with contextlib.suppress(Exception):
             asyncio.run_coroutine_threadsafe(shutdown(), self._loop).result(timeout=10)

@@ -41,6 +41,7 @@ from slurm_elastic.decide.slurm_watch import (
 from slurm_elastic.errors import ElasticError, SlurmError
 from slurm_elastic.jobdir import JobHandle, LaunchInfo, hook_comment, job_dir
 from slurm_elastic.logs import configure_logging
+from slurm_elastic.sanitize import printable_lines
 from slurm_elastic.slurm import NodeInfo, SlurmBackend, get_backend, srun_argv
 from slurm_elastic.wire.channel import new_secret
 
@@ -333,5 +334,5 @@ def run_in_allocation(args: argparse.Namespace, command: list[str]) -> int:
     if phase in ("finished", "suspended"):
         return 0
     if view is not None and view.failure_traceback:
-        sys.stderr.write(view.failure_traceback)
+        sys.stderr.write(printable_lines(view.failure_traceback))
     return fail(f"job {slurm_job} {phase}: {view.reason if view else ''}", 1)

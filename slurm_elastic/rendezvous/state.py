@@ -5,7 +5,9 @@ Keys live in namespaces: `<prefix>/g<N>/...` belongs to generation N, any other 
 namespace. `prune(below)` drops every generation older than `below` (the coordinator calls it when it
 announces a generation), so the store does not grow with membership changes, and a call that names a
 dropped generation fails at once instead of waiting for its timeout. Limits bound the number of keys,
-their size and the bytes held; a call past them fails with an error that names the limit.
+their size, the bytes held, and a reply: one whose frame would pass the wire's limit (a multi_get of the
+same large key a thousand times) fails before any of it is built. A call past a limit fails with an error
+that names it.
 
 A call that needs keys that do not exist yet (get, wait, multi_get) is `Blocked` on them: the service
 parks it and applies it again whenever one of those keys is written, or the store is pruned.
@@ -18,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-__all__ = ["Blocked", "Call", "Done", "Failed", "KeyValueState", "Limits", "Outcome", "Shared"]
+__all__ = ["Blocked", "Call", "Done", "Failed", "KeyValueState", "Limits", "Outcome", "Shared", "reply_frame_bytes"]
 
 Op = Literal[
     "set", "get", "add", "compare_set", "wait", "check", "delete_key", "num_keys", "append", "multi_get",
@@ -43,6 +45,8 @@ class Limits:
     max_key_bytes: int = 512
     max_value_bytes: int = 8 * 1024 * 1024  # as torch's TCPStore
     max_total_bytes: int = 256 * 1024 * 1024
+    max_reply_bytes: int = 16 * 1024 * 1024  # wire.channel.MAX_FRAME: a longer reply could not be sent
+    max_reply_values: int = 1024  # wire.messages.MAX_STORE_ITEMS, the values a StoreReply may carry
 
 
 @dataclass(frozen=True)
@@ -173,13 +177,13 @@ class KeyValueState:
                 return Blocked(missing)
             if op == "wait":
                 return Done()
-            return Done(values=tuple(self._value(k) for k in keys))
+            return self._reply(op, [self._value(k) for k in keys])
         if op == "check":
             return Done(number=int(all(self.lookup(k) is not None for k in keys)))
         if op == "num_keys":
             return Done(number=self.count)
         if op == "list_keys":
-            return Done(values=tuple(k.encode() for space in self._spaces.values() for k in space))
+            return self._reply(op, [k.encode() for space in self._spaces.values() for k in space])
         if op == "delete_key":
             return Done(number=int(self._delete(keys[0])))
         if op == "set":
@@ -220,6 +224,21 @@ class KeyValueState:
             self._write([(key, desired)])
             return Done(values=(desired,), written=(key,))
         return Done(values=(current,))
+
+    def _reply(self, op: Op, values: list[bytes]) -> Done:
+        """The values a call returns (references to the stored ones: nothing is copied yet), or a failure
+        when their reply could not be sent: refused here, before the service encodes any of it."""
+        if len(values) > self.limits.max_reply_values:
+            raise StoreError(
+                f"store {op}: a reply of {len(values)} values exceeds the limit of {self.limits.max_reply_values}"
+            )
+        size = reply_frame_bytes(values)
+        if size > self.limits.max_reply_bytes:
+            raise StoreError(
+                f"store {op}: the reply would be {size} bytes ({len(values)} values, base64), over the frame "
+                f"limit of {self.limits.max_reply_bytes}; ask for fewer or smaller values per call"
+            )
+        return Done(values=tuple(values))
 
     # --- mutation -------------------------------------------------------------------------------------
 
@@ -267,3 +286,12 @@ class KeyValueState:
 
 def _size(key: str, value: bytes) -> int:
     return len(key.encode()) + len(value)
+
+
+REPLY_ENVELOPE_BYTES = 256  # a StoreReply's JSON besides its values: type, id, ok, number, an empty error
+
+
+def reply_frame_bytes(values: Sequence[bytes]) -> int:
+    """An upper bound on the JSON body of a StoreReply carrying `values`: each one base64-encoded (4 bytes per
+    3, padded), quoted and comma-separated, plus the envelope."""
+    return REPLY_ENVELOPE_BYTES + sum(4 * ((len(v) + 2) // 3) + 3 for v in values)

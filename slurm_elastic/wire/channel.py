@@ -10,8 +10,10 @@ challenge-response, so the secret itself never crosses the wire:
 The server checks the client's proof before it says anything else, and the client checks the server's
 before it trusts anything the server says: a process that took over a stale coordinator address cannot
 pass. Before a peer is authenticated only frames of at most PREAUTH_MAX_FRAME bytes are read, the whole
-handshake must end within HANDSHAKE_TIMEOUT_S, and the coordinator keeps at most a fixed number of
-connections in their handshake (`HandshakeGate`).
+exchange must end within HANDSHAKE_TIMEOUT_S on each side (one deadline, not one per read: a peer that
+dribbles a byte at a time gains nothing), the coordinator keeps at most a fixed number of connections in
+their handshake (`HandshakeGate`), and nothing the peer sent is quoted in an error: a failure names one of
+REFUSAL_CATEGORIES.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from collections import OrderedDict
 
 from pydantic import BaseModel, ValidationError
 
-from slurm_elastic.errors import AuthError, InvalidMessage, ProtocolError
+from slurm_elastic.errors import AuthError, HandshakeRefused, InvalidMessage, ProtocolError
 from slurm_elastic.jobsecret import Secret
 from slurm_elastic.wire.messages import Challenge, Hello, Message, Refused, Role, Welcome, parse_message
 
@@ -37,6 +39,8 @@ MAX_FRAME = 16 * 1024 * 1024  # read only from authenticated peers: a store valu
 PREAUTH_MAX_FRAME = 1024  # a Challenge, Hello, Welcome or Refused is a few hundred bytes
 HANDSHAKE_TIMEOUT_S = 5.0
 MAX_PENDING_HANDSHAKES = 64
+# Why the coordinator refused a handshake: what its events say, instead of anything the peer sent.
+REFUSAL_CATEGORIES = ("timeout", "oversized frame", "malformed hello", "not a hello", "wrong job", "bad proof")
 _HEADER = struct.Struct(">I")
 
 
@@ -64,11 +68,14 @@ def encode_frame(msg: BaseModel) -> bytes:
 
 
 def decode_body(body: bytes) -> Message:
+    """One validated message. The error of an invalid one is bounded: pydantic's message and location quote
+    the sender's own keys and values (callers read only authenticated peers' frames with it)."""
     try:
         return parse_message(body)
     except ValidationError as exc:
         first = exc.errors()[0]
-        raise InvalidMessage(f"invalid control message: {first['msg']} at {first['loc']}") from None
+        where = repr(first["loc"])
+        raise InvalidMessage(f"invalid control message: {first['msg'][:200]} at {where[:200]}") from None
 
 
 def _check_length(length: int, limit: int | None = None) -> int:
@@ -93,14 +100,36 @@ class Channel:
         with self._send_lock:
             self._sock.sendall(data)
 
-    def recv(self, timeout: float | None = None, max_frame: int | None = None) -> Message:
-        self._sock.settimeout(timeout)
-        (length,) = _HEADER.unpack(self._recv_exact(_HEADER.size))
-        return decode_body(self._recv_exact(_check_length(length, max_frame)))
+    def recv(
+        self, timeout: float | None = None, max_frame: int | None = None, *, deadline: float | None = None
+    ) -> Message:
+        """The next message. `timeout` bounds the whole frame, not each read of it, and so does `deadline`
+        (a `time.monotonic()`, for several frames in one bound): a peer that sends a byte at a time holds
+        the caller no longer. Past it, TimeoutError."""
+        if timeout is not None:
+            ends = time.monotonic() + timeout
+            deadline = ends if deadline is None else min(deadline, ends)
+        if deadline is None:
+            self._sock.settimeout(None)
+            return self._read_frame(max_frame, None)
+        try:
+            return self._read_frame(max_frame, deadline)
+        finally:
+            with contextlib.suppress(OSError):  # closed meanwhile: the read's own error says so
+                self._sock.settimeout(timeout)  # the sends that follow get the caller's, not what was left
 
-    def _recv_exact(self, n: int) -> bytes:
+    def _read_frame(self, max_frame: int | None, deadline: float | None) -> Message:
+        (length,) = _HEADER.unpack(self._recv_exact(_HEADER.size, deadline))
+        return decode_body(self._recv_exact(_check_length(length, max_frame), deadline))
+
+    def _recv_exact(self, n: int, deadline: float | None = None) -> bytes:
         buf = bytearray()
         while len(buf) < n:
+            if deadline is not None:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError(f"no whole frame in the time allowed ({len(buf)} of {n} bytes came)")
+                self._sock.settimeout(remaining)
             chunk = self._sock.recv(n - len(buf))
             if not chunk:
                 raise ConnectionError("control connection closed by peer")
@@ -125,9 +154,11 @@ def connect(
 ) -> Channel:
     """Connect to a coordinator; each side proves to the other that it holds the job's secret.
 
-    With `retry_s`, a connection refused, reset or closed during the handshake (a coordinator starting,
-    or evicting handshakes under a flood of idle connections) is tried again, with backoff, for that
-    long. A failed proof (AuthError) or a malformed answer (ProtocolError) is never retried.
+    The TCP connection must open within `timeout`; the exchange that follows (challenge, hello, welcome)
+    must end within HANDSHAKE_TIMEOUT_S in all, as on the server's side. With `retry_s`, a connection
+    refused, reset, closed or timed out during the handshake (a coordinator starting, or evicting
+    handshakes under a flood of idle connections) is tried again, with backoff, for that long. A failed
+    proof (AuthError) or a malformed answer (ProtocolError) is never retried.
     """
     deadline = time.monotonic() + retry_s
     pause = 0.05
@@ -144,20 +175,21 @@ def connect(
 def _connect_once(address: str, secret: str, job_id: str, role: Role, timeout: float) -> Channel:
     host, port = parse_address(address)
     sock = socket.create_connection((host, port), timeout=timeout)
+    deadline = time.monotonic() + HANDSHAKE_TIMEOUT_S  # one bound for the whole exchange, never one per read
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     channel = Channel(sock)
     try:
-        challenge = channel.recv(timeout=HANDSHAKE_TIMEOUT_S, max_frame=PREAUTH_MAX_FRAME)
+        challenge = _recv_unauthenticated(channel, deadline, address, "challenge")
         if not isinstance(challenge, Challenge):
             raise ProtocolError(f"expected a challenge from {address}, got {challenge.type!r}")
-        if challenge.job_id != job_id:
-            raise AuthError(f"{address} serves job {challenge.job_id!r}, not {job_id!r}")
+        if challenge.job_id != job_id:  # its job id is a stranger's text until it proves the secret: not quoted
+            raise AuthError(f"{address} serves another job, not {job_id!r}")
         mine = secrets.token_hex(16)
         hello = Hello(role=role, job_id=job_id, nonce=mine, proof=proof(secret, challenge.nonce, role, job_id))
         channel.send(hello)
-        answer = channel.recv(timeout=HANDSHAKE_TIMEOUT_S, max_frame=PREAUTH_MAX_FRAME)
-        if isinstance(answer, Refused):
-            raise AuthError(f"coordinator {address} refused the connection: {answer.reason}")
+        answer = _recv_unauthenticated(channel, deadline, address, "welcome")
+        if isinstance(answer, Refused):  # its reason is not quoted: the coordinator only ever gives this one
+            raise AuthError(f"coordinator {address} refused the connection: bad job secret")
         if not isinstance(answer, Welcome):
             raise ProtocolError(f"expected welcome from {address}, got {answer.type!r}")
         expected = server_proof(secret, mine, challenge.nonce, role, job_id)
@@ -173,8 +205,21 @@ def _connect_once(address: str, secret: str, job_id: str, role: Role, timeout: f
     return channel
 
 
+def _recv_unauthenticated(channel: Channel, deadline: float, address: str, what: str) -> Message:
+    """One handshake frame from a server that has not proved the secret: small, by `deadline`, and quoted
+    in no error (a malformed one names only what was expected)."""
+    try:
+        return channel.recv(max_frame=PREAUTH_MAX_FRAME, deadline=deadline)
+    except InvalidMessage:
+        raise ProtocolError(f"malformed {what} from {address}") from None
+    except TimeoutError:
+        raise TimeoutError(
+            f"no {what} from {address} within the handshake timeout of {HANDSHAKE_TIMEOUT_S:g} s"
+        ) from None
+
+
 def request(address: str, msg: BaseModel, *, secret: str, job_id: str, timeout: float = 10.0) -> Message:
-    """One request, one reply, as a `client` (status, drain...)."""
+    """One request, one reply, as a `client` (status, drain...); the whole reply within `timeout`."""
     channel = connect(address, secret=secret, job_id=job_id, role="client", timeout=timeout)
     try:
         channel.send(msg)
@@ -199,30 +244,42 @@ def write_message(writer: asyncio.StreamWriter, msg: BaseModel) -> None:
 async def accept_handshake(
     reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *, secret: str, job_id: str
 ) -> Role:
-    """Run the server side of the handshake within HANDSHAKE_TIMEOUT_S; returns the client's role or
-    raises AuthError (a wrong or missing proof, too slow) or ProtocolError (a malformed or oversized frame)."""
+    """Run the server side of the handshake, all of it within HANDSHAKE_TIMEOUT_S; returns the client's role
+    or raises HandshakeRefused, whose category (one of REFUSAL_CATEGORIES) is all it says about the peer.
+    A connection closed or reset by the peer raises ConnectionError or IncompleteReadError, as any read."""
     try:
         async with asyncio.timeout(HANDSHAKE_TIMEOUT_S):
             return await _handshake(reader, writer, secret, job_id)
     except TimeoutError:
-        raise AuthError(f"no hello within the handshake timeout of {HANDSHAKE_TIMEOUT_S:g} s") from None
+        raise HandshakeRefused("timeout") from None
 
 
 async def _handshake(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, secret: str, job_id: str) -> Role:
     nonce = secrets.token_hex(16)
     write_message(writer, Challenge(job_id=job_id, nonce=nonce))
     await writer.drain()
-    hello = await read_message(reader, PREAUTH_MAX_FRAME)
+    hello = await _read_hello(reader)
     if not isinstance(hello, Hello):
-        raise AuthError(f"expected hello, got {hello.type!r}")
-    expected = proof(secret, nonce, hello.role, job_id)
-    if hello.job_id != job_id or not hmac.compare_digest(expected, hello.proof):
+        raise HandshakeRefused("not a hello")
+    if hello.job_id != job_id or not hmac.compare_digest(proof(secret, nonce, hello.role, job_id), hello.proof):
         write_message(writer, Refused(reason="bad job secret"))
         await writer.drain()
-        raise AuthError(f"bad proof from a {hello.role!r} client")
+        raise HandshakeRefused("wrong job" if hello.job_id != job_id else "bad proof")
     write_message(writer, Welcome(proof=server_proof(secret, hello.nonce, nonce, hello.role, job_id)))
     await writer.drain()
     return hello.role
+
+
+async def _read_hello(reader: asyncio.StreamReader) -> Message:
+    """The client's one frame before it is authenticated: at most PREAUTH_MAX_FRAME bytes (a longer header
+    ends the connection before the body is read), and no word of it in the error."""
+    (length,) = _HEADER.unpack(await reader.readexactly(_HEADER.size))
+    if length > PREAUTH_MAX_FRAME:
+        raise HandshakeRefused("oversized frame")
+    try:
+        return parse_message(await reader.readexactly(length))
+    except ValidationError:
+        raise HandshakeRefused("malformed hello") from None
 
 
 class HandshakeGate:
