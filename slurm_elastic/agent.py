@@ -407,10 +407,10 @@ class Agent:
 
 def _join_config(core_job: str, node: str, command: list[str]) -> AgentConfig:
     """A satellite agent: everything but the node name comes from the running core job's directory."""
-    from slurm_elastic.jobdir import JobHandle, LaunchInfo, hook_comment, job_dir
+    from slurm_elastic.jobdir import LaunchInfo, find_job, hook_comment, job_dir
 
-    directory = job_dir(core_job)
-    handle, info = JobHandle.read(directory), LaunchInfo.read(directory)
+    directory = job_dir(core_job)  # this user's: a satellite joins only a job of its own user
+    handle, info = find_job(core_job), LaunchInfo.read(directory)
     satellite = os.environ.get("SLURM_JOB_ID")
     if satellite:
         from slurm_elastic.errors import SlurmError

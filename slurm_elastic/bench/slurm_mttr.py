@@ -23,6 +23,7 @@ from typing import Any
 from slurm_elastic.devcluster import LocalCluster
 from slurm_elastic.errors import ElasticError
 from slurm_elastic.events import EventsFile
+from slurm_elastic.jobdir import job_dir
 from slurm_elastic.metrics import median, recovery_after
 from slurm_elastic.slurm import CliBackend
 from slurm_elastic.workload import corpus, example
@@ -40,7 +41,7 @@ class Run(EventsFile):
     """One core job on the local cluster, watched through its events file."""
 
     def __init__(self, root: Path, env: dict[str, str], job_id: str) -> None:
-        super().__init__(Path(env["SLURM_ELASTIC_HOME"]) / "jobs" / job_id / "events.jsonl", f"bench job {job_id}")
+        super().__init__(job_dir(job_id, Path(env["SLURM_ELASTIC_HOME"])) / "events.jsonl", f"bench job {job_id}")
         self.root, self.env, self.job_id = root, env, job_id
 
     def commits(self) -> list[Commit]:

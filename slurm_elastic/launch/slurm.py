@@ -39,7 +39,7 @@ from slurm_elastic.decide.slurm_watch import (
     satellites_to_submit,
 )
 from slurm_elastic.errors import ElasticError, SlurmError
-from slurm_elastic.jobdir import JobHandle, LaunchInfo, hook_comment, job_dir
+from slurm_elastic.jobdir import JobHandle, LaunchInfo, hook_comment, job_dir, make_job_dir, private_dir
 from slurm_elastic.logs import configure_logging
 from slurm_elastic.slurm import NodeInfo, SlurmBackend, get_backend, srun_argv
 from slurm_elastic.wire.channel import new_secret
@@ -101,12 +101,16 @@ class SlurmLaunch:
         info = self.backend.job(self.slurm_job)
         nodes, components = self.live_nodes()
         host = _advertised_host(cfg)
-        if info.restart_count == 0 and self.dir.exists():
-            # A fresh job whose id was used before (a reset controller): never resume someone else's state.
+        private_dir(self.dir.parent)  # the user's own directory first: only then is a name in it ours
+        if info.restart_count == 0 and os.path.lexists(self.dir):
+            # A fresh job whose id was used before (a reset controller): never resume an old job's state.
             stale = self.dir.with_name(f"{self.dir.name}.stale-{int(time.time())}")
-            self.dir.rename(stale)
+            try:
+                self.dir.rename(stale)
+            except OSError as exc:
+                raise ElasticError(f"cannot move the old {self.dir} aside to {stale.name}: {exc.strerror}") from None
             log.warning("stale_job_dir_moved", slurm_job=self.slurm_job, moved_to=str(stale))
-        self.dir.mkdir(parents=True, exist_ok=True)
+        make_job_dir(self.dir)
         workers = len(nodes) * cfg.nproc_per_node
         settings = coordinator_config(
             cfg, job_id=self.slurm_job, secret=self.secret, job_dir=self.dir, workers=workers, host=host,
