@@ -25,6 +25,7 @@ from slurm_elastic.decide.failures import restart_decision
 from slurm_elastic.decide.health import stalled_for
 from slurm_elastic.decide.worker import EXIT_COORDINATOR_LOST
 from slurm_elastic.errors import ElasticError, InvalidMessage
+from slurm_elastic.exitmarker import write_exit_code
 from slurm_elastic.lineage import become_subreaper, die_with_parent, kill_adopted, reap_adopted
 from slurm_elastic.nodecache import remove_job_cache
 from slurm_elastic.wire.channel import Channel, connect
@@ -327,11 +328,7 @@ class Agent:
         remove_job_cache({**os.environ, "SLURM_ELASTIC_JOB_ID": self.config.job_id})  # the workers' data copies
         code = self._exit_code()  # before closing: the reader thread takes a closed channel for a lost coordinator
         # srun's own status is unreliable once Slurm cancelled the step: tell the batch script here.
-        marker = os.environ.get("SLURM_ELASTIC_EXIT_MARKER")
-        exits = os.environ.get("SLURM_ELASTIC_EXIT_DIR")
-        for path in filter(None, (marker, exits and os.path.join(exits, self.config.node))):
-            with contextlib.suppress(OSError), open(path, "w") as fh:
-                fh.write(f"{code}\n")
+        write_exit_code(os.environ, self.config.node, code)
         self._hold_for_slurm()
         if self._channel is not None:
             self._channel.close()

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -39,6 +38,7 @@ from slurm_elastic.decide.slurm_watch import (
     satellites_to_submit,
 )
 from slurm_elastic.errors import ElasticError, SlurmError
+from slurm_elastic.exitmarker import fresh_core_exits, read_exit_code
 from slurm_elastic.jobdir import JobHandle, LaunchInfo, hook_comment, job_dir, make_job_dir, private_dir
 from slurm_elastic.logs import configure_logging
 from slurm_elastic.slurm import NodeInfo, SlurmBackend, get_backend, srun_argv
@@ -150,9 +150,8 @@ class SlurmLaunch:
             argv = srun_argv(agent, nodes=None, extra=(f"--het-group=0-{components - 1}", "--export=ALL"))
         else:
             argv = srun_argv(agent, nodes=len(nodes), nodelist=nodes, extra=("--export=ALL",))
-        shutil.rmtree(self.dir / "exits", ignore_errors=True)  # a requeued run's agents report afresh
-        (self.dir / "exits").mkdir()
-        agent_env = {"SLURM_ELASTIC_SECRET": self.secret, "SLURM_ELASTIC_EXIT_DIR": str(self.dir / "exits")}
+        exits = fresh_core_exits(self.dir)  # a requeued run's agents report afresh
+        agent_env = {"SLURM_ELASTIC_SECRET": self.secret, "SLURM_ELASTIC_EXIT_DIR": str(exits)}
         self._agent_argv, self._agent_env = agent, {**os.environ, **env, **agent_env}
         self.srun = subprocess.Popen(argv, env=self._agent_env)
 
@@ -259,8 +258,8 @@ class SlurmLaunch:
     def agents_failed(self) -> list[str]:
         """Nodes whose agent said it failed (srun's status cannot say: it counts nodes killed by a shrink)."""
         failed = []
-        for marker in sorted((self.dir / "exits").glob("*")):
-            code = marker.read_text().strip()
+        for marker in sorted((self.dir / "exits").glob("[!.]*")):  # not a temporary name being written
+            code = read_exit_code(marker)
             if code and code != "0" and code != str(EXIT_DRAINED_BY_SIGNAL):
                 failed.append(f"the agent of {marker.name} exited with {code}")
         return failed
