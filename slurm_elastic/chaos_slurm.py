@@ -30,8 +30,8 @@ from slurm_elastic.devcluster import LocalCluster
 from slurm_elastic.devcluster.shell import tail
 from slurm_elastic.errors import ElasticError
 from slurm_elastic.events import EventsFile
-from slurm_elastic.jobdir import job_dir
-from slurm_elastic.launch.slurm import satellite_name
+from slurm_elastic.jobdir import job_dir, user_name
+from slurm_elastic.launch.slurm import satellites_of
 from slurm_elastic.slurm import CliBackend
 from slurm_elastic.workload import corpus
 
@@ -123,7 +123,7 @@ class _Job(EventsFile):
         return "\n".join(p.read_text(errors="replace") for p in sorted(self.root.glob(f"*-{self.job_id}.out")))
 
     def satellites(self) -> list[str]:
-        return [j.job_id for j in self.backend.jobs(name=satellite_name(self.job_id))]
+        return [j.job_id for j in satellites_of(self.backend, self.job_id, user_name())]
 
     # --- actions --------------------------------------------------------------------------------------
 

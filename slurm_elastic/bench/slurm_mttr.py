@@ -23,7 +23,8 @@ from typing import Any
 from slurm_elastic.devcluster import LocalCluster
 from slurm_elastic.errors import ElasticError
 from slurm_elastic.events import EventsFile
-from slurm_elastic.jobdir import job_dir
+from slurm_elastic.jobdir import job_dir, user_name
+from slurm_elastic.launch.slurm import satellites_of
 from slurm_elastic.metrics import median, recovery_after
 from slurm_elastic.slurm import CliBackend
 from slurm_elastic.workload import corpus, example
@@ -95,7 +96,7 @@ def measure(mode: str, kills: int, cluster: LocalCluster, root: Path, log: Calla
             log(f"  {mode}: kill {i + 1}/{kills} of {victim}: {recovery_after(when, run.commits()).mttr_s:.2f} s")
     finally:
         subprocess.run(["scancel", run.job_id], env=run.env, check=False, timeout=30)
-        for job in backend.jobs(name=f"se-sat-{run.job_id}"):
+        for job in satellites_of(backend, run.job_id, user_name()):
             backend.cancel(job.job_id)
     recoveries = [recovery_after(t, run.commits()) for t in killed]
     return {"mttr_s": [r.mttr_s for r in recoveries], "lost": [r.lost_steps for r in recoveries]}

@@ -39,9 +39,9 @@ from slurm_elastic.decide.slurm_watch import (
 )
 from slurm_elastic.errors import ElasticError, SlurmError
 from slurm_elastic.exitmarker import fresh_core_exits, read_exit_code
-from slurm_elastic.jobdir import JobHandle, LaunchInfo, hook_comment, job_dir, make_job_dir, private_dir
+from slurm_elastic.jobdir import JobHandle, LaunchInfo, hook_comment, job_dir, make_job_dir, private_dir, user_name
 from slurm_elastic.logs import configure_logging
-from slurm_elastic.slurm import NodeInfo, SlurmBackend, get_backend, srun_argv
+from slurm_elastic.slurm import JobInfo, NodeInfo, SlurmBackend, get_backend, srun_argv
 from slurm_elastic.wire.channel import new_secret
 
 log = structlog.get_logger("slurm_elastic.launch")
@@ -50,6 +50,12 @@ SATELLITE_TEMPLATE = Path(__file__).resolve().parents[2] / "sbatch_templates" / 
 
 def satellite_name(core_job: str) -> str:
     return f"se-sat-{core_job}"
+
+
+def satellites_of(backend: SlurmBackend, core_job: str, user: str) -> list[JobInfo]:
+    """The satellite jobs of `core_job`: named after it AND submitted by its user `user` (anyone may give
+    a job that name: another user's job is never counted as ours, nor cancelled)."""
+    return backend.jobs(user=user, name=satellite_name(core_job))
 
 
 def worker_env(config: JobConfig, directory: Path) -> dict[str, str]:
@@ -87,6 +93,7 @@ class SlurmLaunch:
         # The newest agent started again per node, and how many agents had registered there before it.
         self._steps: dict[str, tuple[subprocess.Popen[bytes], int]] = {}
         self._retired: list[subprocess.Popen[bytes]] = []  # sruns of agents that are gone, being ended
+        self._user: str | None = None  # the job's user, as Slurm names it
 
     def live_nodes(self) -> tuple[list[str], int]:
         """The job's nodes as Slurm sees them now, and its number of heterogeneous components (1: none)."""
@@ -101,6 +108,7 @@ class SlurmLaunch:
         info = self.backend.job(self.slurm_job)
         nodes, components = self.live_nodes()
         host = _advertised_host(cfg)
+        self._user = info.user or user_name()
         private_dir(self.dir.parent)  # the user's own directory first: only then is a name in it ours
         if info.restart_count == 0 and os.path.lexists(self.dir):
             # A fresh job whose id was used before (a reset controller): never resume an old job's state.
@@ -249,11 +257,17 @@ class SlurmLaunch:
         if want <= 0:
             return
         try:
-            pending = [j for j in self.backend.jobs(name=satellite_name(self.slurm_job)) if j.is_pending]
+            pending = [j for j in self.satellites() if j.is_pending]
             for _ in range(satellites_to_submit(len(pending), want)):
                 submit_satellite(self.backend, self.slurm_job, coord.pool_partition)
         except SlurmError as exc:
             log.warning("satellite_pool_failed", error=str(exc))
+
+    def satellites(self) -> list[JobInfo]:
+        """This job's satellite jobs (SlurmError if Slurm cannot say)."""
+        if self._user is None:
+            self._user = self.backend.job(self.slurm_job).user or user_name()
+        return satellites_of(self.backend, self.slurm_job, self._user)
 
     def agents_failed(self) -> list[str]:
         """Nodes whose agent said it failed (srun's status cannot say: it counts nodes killed by a shrink)."""
@@ -286,7 +300,7 @@ class SlurmLaunch:
             if self.srun.poll() is None:
                 self.srun.kill()
         with contextlib.suppress(SlurmError):
-            for job in self.backend.jobs(name=satellite_name(self.slurm_job)):
+            for job in self.satellites():
                 if not job.is_finished:
                     self.backend.cancel(job.job_id)
         baseline = phase == "failed" and self.config.recovery == "requeue"
