@@ -25,6 +25,7 @@ from slurm_elastic.decide.failures import restart_decision
 from slurm_elastic.decide.health import stalled_for
 from slurm_elastic.decide.worker import EXIT_COORDINATOR_LOST
 from slurm_elastic.errors import ElasticError, InvalidMessage
+from slurm_elastic.exitmarker import write_exit_code
 from slurm_elastic.jobsecret import SECRET_FD, Secret, secret_pipe
 from slurm_elastic.lineage import become_subreaper, die_with_parent, kill_adopted, reap_adopted
 from slurm_elastic.nodecache import remove_job_cache
@@ -335,11 +336,7 @@ class Agent:
         remove_job_cache({**os.environ, "SLURM_ELASTIC_JOB_ID": self.config.job_id})  # the workers' data copies
         code = self._exit_code()  # before closing: the reader thread takes a closed channel for a lost coordinator
         # srun's own status is unreliable once Slurm cancelled the step: tell the batch script here.
-        marker = os.environ.get("SLURM_ELASTIC_EXIT_MARKER")
-        exits = os.environ.get("SLURM_ELASTIC_EXIT_DIR")
-        for path in filter(None, (marker, exits and os.path.join(exits, self.config.node))):
-            with contextlib.suppress(OSError), open(path, "w") as fh:
-                fh.write(f"{code}\n")
+        write_exit_code(os.environ, self.config.node, code)
         self._hold_for_slurm()
         if self._channel is not None:
             self._channel.close()
@@ -415,10 +412,10 @@ class Agent:
 
 def _join_config(core_job: str, node: str, command: list[str]) -> AgentConfig:
     """A satellite agent: everything but the node name comes from the running core job's directory."""
-    from slurm_elastic.jobdir import JobHandle, LaunchInfo, hook_comment, job_dir
+    from slurm_elastic.jobdir import LaunchInfo, find_job, hook_comment, job_dir
 
-    directory = job_dir(core_job)
-    handle, info = JobHandle.read(directory), LaunchInfo.read(directory)
+    directory = job_dir(core_job)  # this user's: a satellite joins only a job of its own user
+    handle, info = find_job(core_job), LaunchInfo.read(directory)
     satellite = os.environ.get("SLURM_JOB_ID")
     if satellite:
         from slurm_elastic.errors import SlurmError

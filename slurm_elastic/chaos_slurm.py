@@ -30,7 +30,8 @@ from slurm_elastic.devcluster import LocalCluster
 from slurm_elastic.devcluster.shell import tail
 from slurm_elastic.errors import ElasticError
 from slurm_elastic.events import EventsFile
-from slurm_elastic.launch.slurm import satellite_name
+from slurm_elastic.jobdir import job_dir, user_name
+from slurm_elastic.launch.slurm import satellites_of
 from slurm_elastic.slurm import CliBackend
 from slurm_elastic.workload import corpus
 
@@ -69,7 +70,7 @@ class _Job(EventsFile):
     """The core job, seen through its events file and Slurm, and the actions of the plan upon it."""
 
     def __init__(self, cluster: LocalCluster, root: Path, env: dict[str, str], job_id: str, until: Path) -> None:
-        super().__init__(Path(env["SLURM_ELASTIC_HOME"]) / "jobs" / job_id / "events.jsonl", f"chaos job {job_id}")
+        super().__init__(job_dir(job_id, Path(env["SLURM_ELASTIC_HOME"])) / "events.jsonl", f"chaos job {job_id}")
         self.cluster, self.root, self.env, self.job_id, self.until = cluster, root, env, job_id, until
         self.backend = CliBackend(env=cluster.command_env())
         self.size = len(cluster.nodes)
@@ -122,7 +123,7 @@ class _Job(EventsFile):
         return "\n".join(p.read_text(errors="replace") for p in sorted(self.root.glob(f"*-{self.job_id}.out")))
 
     def satellites(self) -> list[str]:
-        return [j.job_id for j in self.backend.jobs(name=satellite_name(self.job_id))]
+        return [j.job_id for j in satellites_of(self.backend, self.job_id, user_name())]
 
     # --- actions --------------------------------------------------------------------------------------
 
@@ -312,7 +313,7 @@ def run_chaos_slurm(
     try:
         summary = _run(cluster, plan, root, reduce_dtype, log)
     except BaseException:
-        log(f"chaos --slurm: the job's files are kept in {root} (events in home/jobs/*/events.jsonl)")
+        log(f"chaos --slurm: the job's files are kept in {root} (events in home/jobs/*/*/events.jsonl)")
         for line in _last_lines(root):
             log(line)
         raise

@@ -25,6 +25,7 @@ from slurm_elastic.demo import render
 from slurm_elastic.devcluster import LocalCluster
 from slurm_elastic.errors import ElasticError
 from slurm_elastic.events import EventsFile
+from slurm_elastic.jobdir import job_dir
 from slurm_elastic.launch.slurm import submit_satellite
 from slurm_elastic.ledger import analyze
 from slurm_elastic.metrics import max_param_rel_diff, recovery_after, tolerance
@@ -55,7 +56,7 @@ class DemoJob(EventsFile):
         command = train_command(corpus(), STEPS, root / "model.pt")
         args = [f"--nodelist={nodes}", f"--nodes={len(backend.hostnames(nodes))}", f"--output={root}/core-%j.out"]
         self.job_id = backend.submit(CORE, args=args, env=self.env, script_args=command)
-        super().__init__(root / "home" / "jobs" / self.job_id / "events.jsonl", f"demo job {self.job_id}")
+        super().__init__(job_dir(self.job_id, root / "home") / "events.jsonl", f"demo job {self.job_id}")
 
     def finished(self) -> bool:
         info = self.backend.job(self.job_id)

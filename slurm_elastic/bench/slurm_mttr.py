@@ -23,6 +23,8 @@ from typing import Any
 from slurm_elastic.devcluster import LocalCluster
 from slurm_elastic.errors import ElasticError
 from slurm_elastic.events import EventsFile
+from slurm_elastic.jobdir import job_dir, user_name
+from slurm_elastic.launch.slurm import satellites_of
 from slurm_elastic.metrics import median, recovery_after
 from slurm_elastic.slurm import CliBackend
 from slurm_elastic.workload import corpus, example
@@ -40,7 +42,7 @@ class Run(EventsFile):
     """One core job on the local cluster, watched through its events file."""
 
     def __init__(self, root: Path, env: dict[str, str], job_id: str) -> None:
-        super().__init__(Path(env["SLURM_ELASTIC_HOME"]) / "jobs" / job_id / "events.jsonl", f"bench job {job_id}")
+        super().__init__(job_dir(job_id, Path(env["SLURM_ELASTIC_HOME"])) / "events.jsonl", f"bench job {job_id}")
         self.root, self.env, self.job_id = root, env, job_id
 
     def commits(self) -> list[Commit]:
@@ -94,7 +96,7 @@ def measure(mode: str, kills: int, cluster: LocalCluster, root: Path, log: Calla
             log(f"  {mode}: kill {i + 1}/{kills} of {victim}: {recovery_after(when, run.commits()).mttr_s:.2f} s")
     finally:
         subprocess.run(["scancel", run.job_id], env=run.env, check=False, timeout=30)
-        for job in backend.jobs(name=f"se-sat-{run.job_id}"):
+        for job in satellites_of(backend, run.job_id, user_name()):
             backend.cancel(job.job_id)
     recoveries = [recovery_after(t, run.commits()) for t in killed]
     return {"mttr_s": [r.mttr_s for r in recoveries], "lost": [r.lost_steps for r in recoveries]}

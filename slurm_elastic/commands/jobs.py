@@ -18,17 +18,21 @@ from slurm_elastic.sanitize import printable
 from slurm_elastic.wire import messages as msg
 from slurm_elastic.wire.channel import request
 
+USER_HELP = "the job's user, for root acting on another user's job (its files: $SLURM_ELASTIC_HOME/jobs/USER/)"
+
 
 def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     status = sub.add_parser("status", help="what a running job is doing")
     status.add_argument("--job", required=True, help="the job id (Slurm job id, or the local launcher's id)")
     status.add_argument("--json", action="store_true")
+    status.add_argument("--user", default=None, help=USER_HELP)
     status.set_defaults(func=run_status)
 
     reclaim = sub.add_parser("reclaim", help="take K nodes back from a running job (Slurm or local) at a step boundary")
     reclaim.add_argument("--job", required=True)
     reclaim.add_argument("--nodes", type=int, required=True, metavar="K")
     reclaim.add_argument("--timeout", type=float, default=600.0, help="give up after this many seconds")
+    reclaim.add_argument("--user", default=None, help=USER_HELP)
     reclaim.set_defaults(func=run_reclaim)
 
     grow = sub.add_parser("grow", help="add K nodes to a running job: Slurm satellite jobs, or local agents")
@@ -86,7 +90,7 @@ def status_json(s: msg.StatusReply) -> str:
 
 
 def run_status(args: argparse.Namespace) -> int:
-    reply = status_of(find_job(args.job))
+    reply = status_of(find_job(args.job, user=args.user))
     print(status_json(reply) if args.json else render_status(reply))
     return 0
 
@@ -136,7 +140,8 @@ def run_reclaim_local(args: argparse.Namespace, handle: JobHandle) -> int:
     from slurm_elastic.launch.localgrow import choose_local_nodes_to_reclaim, registered_nodes
 
     status = status_of(handle)
-    nodes = choose_local_nodes_to_reclaim(status.nodes, registered_nodes(job_dir(args.job)), args.nodes, args.job)
+    registered = registered_nodes(job_dir(args.job, user=args.user))
+    nodes = choose_local_nodes_to_reclaim(status.nodes, registered, args.nodes, args.job)
     _drain(handle, nodes)
     if not _wait_until(lambda: _agents_gone(handle, nodes), time.monotonic() + args.timeout):
         return fail(f"nodes {nodes} did not leave job {args.job} within {args.timeout:.0f} s", 1)
@@ -150,8 +155,8 @@ def run_reclaim(args: argparse.Namespace) -> int:
 
     if args.nodes < 1:
         return fail(f"--nodes {args.nodes}: expected at least 1")
-    handle = find_job(args.job)
-    if is_local_job(job_dir(args.job)):
+    handle = find_job(args.job, user=args.user)
+    if is_local_job(job_dir(args.job, user=args.user)):
         return run_reclaim_local(args, handle)
     backend = get_backend()
     core = backend.job(args.job)

@@ -28,6 +28,7 @@ from slurm_elastic.commands.common import print_result
 from slurm_elastic.devcluster import ClusterError, LocalCluster
 from slurm_elastic.errors import ElasticError
 from slurm_elastic.hooks.install import MIN_INTERVAL_S, InstallOptions, install, watch_for
+from slurm_elastic.jobdir import job_dir
 from slurm_elastic.metrics import median
 from slurm_elastic.slurm import CliBackend
 from slurm_elastic.workload import corpus, train_command
@@ -65,7 +66,7 @@ class Job:
         self.root, self.env, self.job_id = root, env, job_id
 
     def events(self, kind: str) -> list[dict[str, Any]]:
-        path = Path(self.env["SLURM_ELASTIC_HOME"]) / "jobs" / self.job_id / "events.jsonl"
+        path = job_dir(self.job_id, Path(self.env["SLURM_ELASTIC_HOME"])) / "events.jsonl"
         lines = path.read_text().splitlines() if path.exists() else []
         return [e for e in (json.loads(x) for x in lines if x.strip()) if e["event"] == kind]
 

@@ -24,7 +24,7 @@ from slurm_elastic.coordinator.config import coordinator_config
 from slurm_elastic.coordinator.records import PublicView
 from slurm_elastic.errors import ElasticError
 from slurm_elastic.faults import FaultPlan
-from slurm_elastic.jobdir import JobHandle, LaunchInfo, job_dir, new_local_job_id
+from slurm_elastic.jobdir import JobHandle, LaunchInfo, job_dir, make_job_dir, new_local_job_id
 from slurm_elastic.launch.localgrow import registered_nodes
 from slurm_elastic.nodecache import remove_job_cache
 from slurm_elastic.wire.channel import new_secret
@@ -77,7 +77,7 @@ class LocalJob:
 
     def start(self) -> LocalJob:
         cfg = self.config
-        self.dir.mkdir(parents=True, exist_ok=True)
+        make_job_dir(self.dir)
         settings = coordinator_config(
             cfg, job_id=self.job_id, secret=self.secret, job_dir=self.dir, workers=cfg.expected_workers, host=cfg.host
         )
@@ -207,8 +207,9 @@ class LocalJob:
         remove_job_cache({**os.environ, "SLURM_ELASTIC_JOB_ID": self.job_id})  # agents killed above left it
         for fh in self._logs:
             fh.close()
-        with contextlib.suppress(FileNotFoundError):
-            (self.dir / "coordinator.json").unlink()
+        if self.coordinator is not None:  # only then was the job's directory found to be ours
+            with contextlib.suppress(FileNotFoundError):
+                (self.dir / "coordinator.json").unlink()
 
     def __enter__(self) -> LocalJob:
         return self.start()

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from slurm_elastic.errors import ElasticError
-from slurm_elastic.jobdir import LaunchInfo
+from slurm_elastic.jobdir import LaunchInfo, home_of
 
 _LOCAL = re.compile(r"^local(\d+)$")
 
@@ -87,7 +87,7 @@ def start_local_agents(job_id: str, job_dir: Path, count: int) -> list[LocalNode
     info = LaunchInfo.read(job_dir)
     names = next_node_names(registered_nodes(job_dir), count)
     env = {k: v for k, v in os.environ.items() if k not in ("SLURM_JOB_ID", "SLURM_ELASTIC_SECRET")}
-    env["SLURM_ELASTIC_HOME"] = str(job_dir.parent.parent)  # where the agent finds the job again
+    env["SLURM_ELASTIC_HOME"] = str(home_of(job_dir))  # where the agent finds the job again
     logs = job_dir / "nodes"
     logs.mkdir(parents=True, exist_ok=True)
     started = []

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -39,10 +38,11 @@ from slurm_elastic.decide.slurm_watch import (
     satellites_to_submit,
 )
 from slurm_elastic.errors import ElasticError, SlurmError
-from slurm_elastic.jobdir import JobHandle, LaunchInfo, hook_comment, job_dir
+from slurm_elastic.exitmarker import fresh_core_exits, read_exit_code
+from slurm_elastic.jobdir import JobHandle, LaunchInfo, hook_comment, job_dir, make_job_dir, private_dir, user_name
 from slurm_elastic.logs import configure_logging
 from slurm_elastic.sanitize import printable_lines
-from slurm_elastic.slurm import NodeInfo, SlurmBackend, get_backend, srun_argv
+from slurm_elastic.slurm import JobInfo, NodeInfo, SlurmBackend, get_backend, srun_argv
 from slurm_elastic.wire.channel import new_secret
 
 log = structlog.get_logger("slurm_elastic.launch")
@@ -51,6 +51,12 @@ SATELLITE_TEMPLATE = Path(__file__).resolve().parents[2] / "sbatch_templates" / 
 
 def satellite_name(core_job: str) -> str:
     return f"se-sat-{core_job}"
+
+
+def satellites_of(backend: SlurmBackend, core_job: str, user: str) -> list[JobInfo]:
+    """The satellite jobs of `core_job`: named after it AND submitted by its user `user` (anyone may give
+    a job that name: another user's job is never counted as ours, nor cancelled)."""
+    return backend.jobs(user=user, name=satellite_name(core_job))
 
 
 def worker_env(config: JobConfig, directory: Path) -> dict[str, str]:
@@ -88,6 +94,7 @@ class SlurmLaunch:
         # The newest agent started again per node, and how many agents had registered there before it.
         self._steps: dict[str, tuple[subprocess.Popen[bytes], int]] = {}
         self._retired: list[subprocess.Popen[bytes]] = []  # sruns of agents that are gone, being ended
+        self._user: str | None = None  # the job's user, as Slurm names it
 
     def live_nodes(self) -> tuple[list[str], int]:
         """The job's nodes as Slurm sees them now, and its number of heterogeneous components (1: none)."""
@@ -102,12 +109,17 @@ class SlurmLaunch:
         info = self.backend.job(self.slurm_job)
         nodes, components = self.live_nodes()
         host = _advertised_host(cfg)
-        if info.restart_count == 0 and self.dir.exists():
-            # A fresh job whose id was used before (a reset controller): never resume someone else's state.
+        self._user = info.user or user_name()
+        private_dir(self.dir.parent)  # the user's own directory first: only then is a name in it ours
+        if info.restart_count == 0 and os.path.lexists(self.dir):
+            # A fresh job whose id was used before (a reset controller): never resume an old job's state.
             stale = self.dir.with_name(f"{self.dir.name}.stale-{int(time.time())}")
-            self.dir.rename(stale)
+            try:
+                self.dir.rename(stale)
+            except OSError as exc:
+                raise ElasticError(f"cannot move the old {self.dir} aside to {stale.name}: {exc.strerror}") from None
             log.warning("stale_job_dir_moved", slurm_job=self.slurm_job, moved_to=str(stale))
-        self.dir.mkdir(parents=True, exist_ok=True)
+        make_job_dir(self.dir)
         workers = len(nodes) * cfg.nproc_per_node
         settings = coordinator_config(
             cfg, job_id=self.slurm_job, secret=self.secret, job_dir=self.dir, workers=workers, host=host,
@@ -147,9 +159,8 @@ class SlurmLaunch:
             argv = srun_argv(agent, nodes=None, extra=(f"--het-group=0-{components - 1}", "--export=ALL"))
         else:
             argv = srun_argv(agent, nodes=len(nodes), nodelist=nodes, extra=("--export=ALL",))
-        shutil.rmtree(self.dir / "exits", ignore_errors=True)  # a requeued run's agents report afresh
-        (self.dir / "exits").mkdir()
-        agent_env = {"SLURM_ELASTIC_SECRET": self.secret, "SLURM_ELASTIC_EXIT_DIR": str(self.dir / "exits")}
+        exits = fresh_core_exits(self.dir)  # a requeued run's agents report afresh
+        agent_env = {"SLURM_ELASTIC_SECRET": self.secret, "SLURM_ELASTIC_EXIT_DIR": str(exits)}
         self._agent_argv, self._agent_env = agent, {**os.environ, **env, **agent_env}
         self.srun = subprocess.Popen(argv, env=self._agent_env)
 
@@ -247,17 +258,23 @@ class SlurmLaunch:
         if want <= 0:
             return
         try:
-            pending = [j for j in self.backend.jobs(name=satellite_name(self.slurm_job)) if j.is_pending]
+            pending = [j for j in self.satellites() if j.is_pending]
             for _ in range(satellites_to_submit(len(pending), want)):
                 submit_satellite(self.backend, self.slurm_job, coord.pool_partition)
         except SlurmError as exc:
             log.warning("satellite_pool_failed", error=str(exc))
 
+    def satellites(self) -> list[JobInfo]:
+        """This job's satellite jobs (SlurmError if Slurm cannot say)."""
+        if self._user is None:
+            self._user = self.backend.job(self.slurm_job).user or user_name()
+        return satellites_of(self.backend, self.slurm_job, self._user)
+
     def agents_failed(self) -> list[str]:
         """Nodes whose agent said it failed (srun's status cannot say: it counts nodes killed by a shrink)."""
         failed = []
-        for marker in sorted((self.dir / "exits").glob("*")):
-            code = marker.read_text().strip()
+        for marker in sorted((self.dir / "exits").glob("[!.]*")):  # not a temporary name being written
+            code = read_exit_code(marker)
             if code and code != "0" and code != str(EXIT_DRAINED_BY_SIGNAL):
                 failed.append(f"the agent of {marker.name} exited with {code}")
         return failed
@@ -284,7 +301,7 @@ class SlurmLaunch:
             if self.srun.poll() is None:
                 self.srun.kill()
         with contextlib.suppress(SlurmError):
-            for job in self.backend.jobs(name=satellite_name(self.slurm_job)):
+            for job in self.satellites():
                 if not job.is_finished:
                     self.backend.cancel(job.job_id)
         baseline = phase == "failed" and self.config.recovery == "requeue"

@@ -147,7 +147,9 @@ class FakeSlurm:
         env: Mapping[str, str] | None = None,
         test_only: bool = False,
         script_args: Sequence[str] = (),
+        user: str | None = None,
     ) -> str:
+        """`user`: the fake's own extra, a job that another user submitted (default: the fake's user)."""
         opts = _sbatch_options(Path(script), args)
         partition = opts.get("partition") or next(iter(self._partitions))
         nodelist = tuple(expand_hostlist(opts["nodelist"])) if opts.get("nodelist") else ()
@@ -167,7 +169,7 @@ class FakeSlurm:
         info = JobInfo(
             job_id=job_id,
             name=opts.get("job-name") or Path(script).name,
-            user=self._user,
+            user=user or self._user,
             state="PENDING",
             base_state="PENDING",
             partition=partition,

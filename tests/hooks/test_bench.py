@@ -8,6 +8,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from slurm_elastic.hooks.bench import Job, _figures, hooks_dir_of
+from slurm_elastic.jobdir import job_dir
 
 
 def test_hooks_dir_of_a_cluster(tmp_path: Path) -> None:
@@ -27,7 +28,7 @@ def test_eviction_and_who_told_first(tmp_path: Path) -> None:
         {"event": "drain_requested", "time": 11.0, "source": "local", "nodes": ["n3"]},
         {"event": "membership_change", "time": 10.7, "world": 3},
     ]
-    path = tmp_path / "home" / "jobs" / "7" / "events.jsonl"
+    path = job_dir("7", tmp_path / "home") / "events.jsonl"
     path.parent.mkdir(parents=True)
     path.write_text("".join(json.dumps(e) + "\n" for e in events))
     job = Job(tmp_path, {"SLURM_ELASTIC_HOME": str(tmp_path / "home")}, "7")

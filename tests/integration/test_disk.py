@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from slurm_elastic.config import JobConfig
+from slurm_elastic.jobdir import job_dir, make_job_dir
 from slurm_elastic.launch.local import LocalJob
 from slurm_elastic.metrics import max_param_rel_diff
 
@@ -35,9 +36,8 @@ def test_a_full_disk_under_ledger_and_checkpoints_is_reported_and_training_goes_
 def test_a_full_disk_under_the_job_events_does_not_stop_the_coordinator(
     corpus: Path, reference: dict[str, torch.Tensor], tmp_path: Path
 ) -> None:
-    job_dir = tmp_path / "jobs" / "events-full"
-    job_dir.mkdir(parents=True)
-    (job_dir / "events.jsonl").symlink_to("/dev/full")  # every append fails with ENOSPC
+    directory = make_job_dir(job_dir("events-full", tmp_path))
+    (directory / "events.jsonl").symlink_to("/dev/full")  # every append fails with ENOSPC
     model = tmp_path / "model.pt"
     command = [sys.executable, str(EXAMPLE), "--data", str(corpus), "--steps", str(STEPS), "--save", str(model)]
     config = JobConfig(

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from slurm_elastic.data import default_corpus, prepare_data
+from slurm_elastic.jobdir import job_dir
 from slurm_elastic.ledger import LedgerReport, analyze
 from slurm_elastic.metrics import max_param_rel_diff
 from slurm_elastic.slurm import CliBackend, JobInfo
@@ -52,7 +53,7 @@ class ElasticSlurmJob:
 
     @property
     def dir(self) -> Path:
-        return self.root / "home" / "jobs" / self.job_id
+        return job_dir(self.job_id, self.root / "home")
 
     @property
     def model(self) -> Path:

@@ -91,7 +91,10 @@ def test_a_job_directory_of_another_user_is_refused(shared_home: Path) -> None:
     job.mkdir()
     os.chown(job, NOBODY, NOBODY)
     job.chmod(0o777)
-    with pytest.raises(ElasticError, match=rf"refusing to use {job}: it is owned by uid 65534, not by you \(uid 0\)"):
+    with pytest.raises(
+        ElasticError,
+        match=rf"refusing to use {job}: it is owned by uid 65534 \(nobody\), not by you \(uid 0 \(root\)\)",
+    ):
         HANDLE_OBJ.write(job)
     with pytest.raises(ElasticError, match="owned by uid 65534"):
         INFO.write(job)
@@ -115,7 +118,7 @@ def test_a_jobs_directory_others_may_replace_entries_of_is_refused(tmp_path: Pat
         private_dir(jobs / "77")
     jobs.chmod(0o755)
     os.chown(jobs, NOBODY, NOBODY)
-    with pytest.raises(ElasticError, match="owned by uid 65534, not by you"):
+    with pytest.raises(ElasticError, match=r"owned by uid 65534 \(nobody\), not by you"):
         private_dir(jobs / "77")
 
 
