@@ -58,9 +58,9 @@ def test_status_shows_every_peer_provided_text_escaped_one_line_each() -> None:
 
 
 def run_status(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], as_json: bool) -> str:
-    monkeypatch.setattr(jobs, "find_job", lambda job: None)
+    monkeypatch.setattr(jobs, "find_job", lambda job, user=None: None)
     monkeypatch.setattr(jobs, "status_of", lambda handle: hostile_status())
-    assert jobs.run_status(argparse.Namespace(job="10", json=as_json)) == 0
+    assert jobs.run_status(argparse.Namespace(job="10", json=as_json, user=None)) == 0
     return capsys.readouterr().out
 
 
