@@ -2,37 +2,34 @@
 ordinary failures (those heal from peers).
 
 The caller's thread copies the state (cheap); a background thread writes it, so training goes on while
-the file is written. Files are written under a temporary name and renamed, and loaded with
-`torch.load(weights_only=True)`, which restores tensors and plain values but never arbitrary objects.
+the file is written. A file is written in the format of `ckptformat` (a JSON header, then the tensors' raw
+bytes: no pickle), 0600, through a fresh temporary name and a rename (`ckptfiles`); the directories this
+code creates are 0700. A file is read only after every field of its header is checked; a disaster-recovery
+file that is a symbolic link is not read.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
 import re
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import structlog
 import torch
 
-from slurm_elastic.errors import ElasticError
+from slurm_elastic.worker import ckptformat
+from slurm_elastic.worker.ckptfiles import CheckpointError, make_dirs, open_file, write_file
 from slurm_elastic.worker.replica import Replica
-from slurm_elastic.worker.state import Snapshot
+from slurm_elastic.worker.state import Snapshot, StateError
 
 log = structlog.get_logger("slurm_elastic.worker")
 
 Report = Callable[[str, dict[str, Any]], None]
 _NAME = re.compile(r"^step-(\d{9})\.pt$")
-FORMAT = 1
-
-
-class CheckpointError(ElasticError):
-    """A checkpoint could not be written or read."""
+FORMAT = ckptformat.FORMAT
 
 
 def _path(directory: Path, step: int) -> Path:
@@ -46,18 +43,21 @@ def list_checkpoints(directory: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
-def read_checkpoint(path: Path) -> tuple[int, Snapshot]:
-    """One checkpoint file (a disaster-recovery one, or one written by `job.save(path)`)."""
+def _read(path: Path, *, follow: bool) -> tuple[int, Snapshot]:
     try:
-        data = torch.load(path, map_location="cpu", weights_only=True)
+        fh = open_file(path, follow=follow)
     except FileNotFoundError:
         raise CheckpointError(f"no checkpoint at {path}") from None
-    except Exception as exc:  # torch.load of a torn or foreign file raises almost anything
-        raise CheckpointError(f"{path} is not a readable checkpoint: {str(exc)[:300]}") from None
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
-        found = data.get("format") if isinstance(data, dict) else type(data).__name__
-        raise CheckpointError(f"{path} is not a slurm-elastic checkpoint: format {found!r}, expected {FORMAT}")
-    return int(data["step"]), Snapshot(json.loads(data["meta"]), list(data["tensors"]))
+    except OSError as exc:
+        raise CheckpointError(f"cannot read checkpoint {path}: {exc.strerror}") from None
+    with fh:
+        return ckptformat.read(fh, os.fstat(fh.fileno()).st_size, path)
+
+
+def read_checkpoint(path: Path) -> tuple[int, Snapshot]:
+    """One checkpoint file (a disaster-recovery one, or one written by `job.save(path)`): the path the user
+    named is followed if it is a link."""
+    return _read(path, follow=True)
 
 
 def read_model_state(path: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
@@ -66,38 +66,34 @@ def read_model_state(path: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
     from slurm_elastic.worker.state import decode
 
     _, snap = read_checkpoint(Path(path))
-    state: dict[str, torch.Tensor] = decode(snap)["model"]
+    try:
+        state: dict[str, torch.Tensor] = decode(snap)["model"]
+    except (StateError, KeyError, TypeError) as exc:
+        raise CheckpointError(f"{path} holds no model state: {str(exc)[:300]}") from None
     return state
 
 
+def _write(path: Path, step: int, snap: Snapshot) -> None:
+    def body(fh: BinaryIO) -> None:
+        ckptformat.write(fh, step, snap.meta, snap.tensors)
+
+    make_dirs(path.parent)
+    write_file(path, body)
+
+
 def write_checkpoint(path: Path, step: int, snap: Snapshot) -> None:
-    """Write `snap` to `path` atomically (a temporary name, fsync, rename); tensors are copied to the CPU."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tensors = [t.detach().to("cpu", copy=True) for t in snap.tensors]
-    payload = {"format": FORMAT, "step": step, "meta": json.dumps(snap.meta), "tensors": tensors}
-    try:
-        with open(tmp, "wb") as fh:
-            torch.save(payload, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    finally:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
+    """Write `snap` to `path` atomically (a fresh temporary name, fsync, rename), mode 0600; tensors are copied
+    to the CPU."""
+    _write(path, step, Snapshot(snap.meta, [t.detach().to("cpu", copy=True) for t in snap.tensors]))
 
 
 def load_latest(directory: Path, on_skip: Callable[[Path, str], None] | None = None) -> tuple[int, Snapshot] | None:
     """The newest readable checkpoint; each unreadable newer one is passed to `on_skip(path, error)`."""
-    for step, path in reversed(list_checkpoints(directory)):
+    for _, path in reversed(list_checkpoints(directory)):
         try:
-            data = torch.load(path, map_location="cpu", weights_only=True)
-            if not isinstance(data, dict) or data.get("format") != FORMAT:
-                found = data.get("format") if isinstance(data, dict) else type(data).__name__
-                raise CheckpointError(f"format {found!r}, expected {FORMAT}")
-            return step, Snapshot(json.loads(data["meta"]), list(data["tensors"]))
-        except Exception as exc:  # torch.load of a torn file raises almost anything
-            # A torn or corrupt file (e.g. the node died mid-write) must not block recovery: try older ones.
+            return _read(path, follow=False)
+        except Exception as exc:
+            # A torn, corrupt or planted file (e.g. the node died mid-write) must not block recovery: try older ones.
             if on_skip is not None:
                 on_skip(path, str(exc)[:500])
     return None
@@ -132,23 +128,13 @@ class CheckpointWriter:
         return error
 
     def _write(self, step: int, snap: Snapshot) -> None:
-        final = _path(self.directory, step)
-        tmp = final.with_suffix(f".tmp{os.getpid()}")
         try:
-            self.directory.mkdir(parents=True, exist_ok=True)
-            payload = {"format": FORMAT, "step": step, "meta": json.dumps(snap.meta), "tensors": snap.tensors}
-            with open(tmp, "wb") as fh:
-                torch.save(payload, fh)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, final)
+            _write(_path(self.directory, step), step, snap)
             self.last_saved_step = step
             for _, old in list_checkpoints(self.directory)[: -self.keep]:
                 old.unlink(missing_ok=True)
         except Exception as exc:  # reported by the caller; a failed DR checkpoint must not stop training
             self.last_error = exc
-            with contextlib.suppress(OSError):
-                tmp.unlink()  # a partial file would only fill the disk further
 
 
 class DisasterRecovery:
@@ -166,7 +152,12 @@ class DisasterRecovery:
         found = load_latest(self.directory, on_skip=skipped)
         if found is None:
             return False
-        replica.restore(found[1])
+        try:
+            replica.restore(found[1])
+        except (StateError, RuntimeError, KeyError, ValueError, TypeError, IndexError) as exc:
+            raise CheckpointError(
+                f"the checkpoint of step {found[0]} in {self.directory} does not fit this job: {str(exc)[:300]}"
+            ) from None
         log.info("resumed_from_checkpoint", step=replica.step, directory=str(self.directory))
         return True
 

@@ -16,6 +16,7 @@ from slurm_elastic.worker.checkpoint import CheckpointError, read_checkpoint, wr
 from slurm_elastic.worker.replica import Replica
 from slurm_elastic.worker.sharded.checkpoint import complete_checkpoints, save_snapshot
 from slurm_elastic.worker.sharded.holder import ShardedReplica
+from slurm_elastic.worker.state import StateError
 
 log = structlog.get_logger("slurm_elastic.worker")
 
@@ -46,7 +47,7 @@ def resume(replica: Replica | ShardedReplica, path: Path) -> None:
     step, snap = read_checkpoint(path)
     try:
         replica.restore(snap)
-    except (RuntimeError, KeyError, ValueError, TypeError) as exc:
+    except (StateError, RuntimeError, KeyError, ValueError, TypeError, IndexError) as exc:
         raise CheckpointError(f"{path} does not fit this job's model or optimizer: {str(exc)[:300]}") from None
     log.info("resumed_from_snapshot", path=str(path), step=step)
 

@@ -49,19 +49,33 @@ def _encode(obj: Any, tensors: list[torch.Tensor], path: str) -> Any:
     raise StateError(f"cannot transfer {type(obj).__name__} at {path}: state must hold tensors and plain values")
 
 
+def _numeric_dtype(name: Any) -> np.dtype[Any]:
+    """A numpy dtype named in state: numbers only (an object or a huge void dtype is no array of ours)."""
+    try:
+        dtype = np.dtype(str(name))
+    except TypeError:
+        dtype = None
+    if dtype is None or dtype.kind not in "biufc":
+        raise StateError(f"numpy dtype {str(name)[:40]!r} in the state, expected a numeric one")
+    return dtype
+
+
 def _decode(obj: Any, tensors: list[torch.Tensor]) -> Any:
     if isinstance(obj, list):
         return [_decode(v, tensors) for v in obj]
     if not isinstance(obj, dict):
         return obj
     if "__t__" in obj:
-        return tensors[obj["__t__"]]
+        index = obj["__t__"]
+        if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < len(tensors):
+            raise StateError(f"tensor index {str(index)[:40]} in the state, expected 0 to {len(tensors) - 1}")
+        return tensors[index]
     if "__d__" in obj:
         return {_decode(k, tensors): _decode(v, tensors) for k, v in obj["__d__"]}
     if "__tu__" in obj:
         return tuple(_decode(v, tensors) for v in obj["__tu__"])
     if "__np__" in obj:
-        return np.asarray(obj["__np__"], dtype=obj["dtype"])
+        return np.asarray(obj["__np__"], dtype=_numeric_dtype(obj["dtype"]))
     raise StateError(f"unknown state encoding with keys {sorted(obj)}")
 
 

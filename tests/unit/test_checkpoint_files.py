@@ -79,7 +79,7 @@ def test_sharded_metadata_takes_enum_members_by_name_and_nothing_else_through_ge
 
     from torch.distributed.checkpoint.metadata import _MEM_FORMAT_ENCODING
 
-    from slurm_elastic.worker.sharded.checkpoint import _MetadataUnpickler
+    from slurm_elastic.worker.sharded.dcpmeta import MetadataUnpickler
 
     class ByName:  # how Python 3.11.2 pickles an enum member
         def __init__(self, target: object, name: str) -> None:
@@ -89,7 +89,7 @@ def test_sharded_metadata_takes_enum_members_by_name_and_nothing_else_through_ge
             return getattr, (self.target, self.name)
 
     def load(obj: object) -> object:
-        return _MetadataUnpickler(io.BytesIO(pickle.dumps(obj))).load()
+        return MetadataUnpickler(io.BytesIO(pickle.dumps(obj))).load()
 
     member = _MEM_FORMAT_ENCODING.TORCH_CONTIGUOUS_FORMAT
     assert load(ByName(_MEM_FORMAT_ENCODING, "TORCH_CONTIGUOUS_FORMAT")) is member

@@ -27,9 +27,10 @@ from torch.distributed.fsdp._fully_shard._fsdp_common import FSDPMeshInfo
 from slurm_elastic.decide.heal import HealPlan, ShardReport, plan_heal
 from slurm_elastic.decide.layout import Layout, plan_layout
 from slurm_elastic.decide.reshard import Holding, Need, ReshardPlan, plan_reshard, shard_rows
-from slurm_elastic.errors import StateLost
+from slurm_elastic.errors import ElasticError, StateLost
+from slurm_elastic.worker.ckptfiles import CheckpointError
 from slurm_elastic.worker.comm import Group, run_interruptibly
-from slurm_elastic.worker.sharded.checkpoint import complete_checkpoints, load_shard
+from slurm_elastic.worker.sharded.checkpoint import complete_checkpoints, load_shard, read_small
 from slurm_elastic.worker.sharded.holder import ShardedReplica
 from slurm_elastic.worker.sharded.mesh import generation_mesh
 from slurm_elastic.worker.sharded.remesh import Entry, rebind
@@ -180,7 +181,7 @@ def _from_checkpoint(
     """A fresh start with a checkpoint: each rank reads its new shard from disk, then mirrors from peers."""
     step, world = found
     assert replica.checkpoint_dir is not None
-    small = json.loads((replica.checkpoint_dir / f"step-{step:09d}" / "rank-00000" / "small.json").read_text())
+    small = read_small(replica.checkpoint_dir, step)
     replica.keys = {fqn: list(keys) for fqn, keys in small["keys"].items()}
     entries = [
         Entry(fqn, key, tuple(fp._orig_size), fp.sharded_param.dtype)
@@ -195,7 +196,12 @@ def _from_checkpoint(
     }
     wards = layout.wards
     _install(replica, group, store, key_prefix, entries, small, zeros, dataclasses.replace(layout, wards=None))
-    replica.set_small_state(load_shard(replica.checkpoint_dir, step, world, replica))
+    small = load_shard(replica.checkpoint_dir, step, world, replica)
+    try:
+        replica.set_small_state(small)
+    except (ElasticError, KeyError, TypeError, ValueError, AttributeError, RuntimeError) as exc:
+        where = replica.checkpoint_dir / f"step-{step:09d}"
+        raise CheckpointError(f"{where} does not fit this job's model or optimizer: {str(exc)[:300]}") from None
     replica.digests = replica.take_digests()  # what the mirrors below are checked against if this is interrupted
     moved = 0  # the mirrors' bytes: the shards themselves came from disk
     if wards is not None:
