@@ -19,13 +19,12 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import IO
 
-import structlog
-
 from slurm_elastic.decide.failures import restart_decision
 from slurm_elastic.decide.health import stalled_for
 from slurm_elastic.decide.worker import EXIT_COORDINATOR_LOST
 from slurm_elastic.errors import ElasticError, InvalidMessage
 from slurm_elastic.lineage import become_subreaper, die_with_parent, kill_adopted, reap_adopted
+from slurm_elastic.logs import get_logger
 from slurm_elastic.nodecache import remove_job_cache
 from slurm_elastic.wire.channel import Channel, connect
 from slurm_elastic.wire.messages import (
@@ -40,7 +39,7 @@ from slurm_elastic.wire.messages import (
     WorkerExited,
 )
 
-log = structlog.get_logger("slurm_elastic.agent")
+log = get_logger("slurm_elastic.agent")
 MAX_STDERR_TAIL = 2000  # characters of a worker's last stderr output, reported when it ends
 
 
@@ -56,7 +55,7 @@ class StderrTail:
         with contextlib.suppress(OSError, ValueError):
             while chunk := source.read1(65536):  # type: ignore[attr-defined]
                 self._tail.append(chunk)
-                with contextlib.suppress(OSError):
+                with contextlib.suppress(OSError, ValueError):  # our stderr full or closed: keep draining the pipe
                     sink.write(chunk)
                     sink.flush()
 

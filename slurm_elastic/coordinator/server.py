@@ -16,7 +16,6 @@ from collections import Counter, deque
 from collections.abc import Callable
 from typing import Any
 
-import structlog
 from pydantic import BaseModel
 
 from slurm_elastic.coordinator.config import CoordinatorConfig
@@ -27,11 +26,12 @@ from slurm_elastic.decide.health import Liveness, find_unresponsive, stalled_for
 from slurm_elastic.errors import AuthError, InvalidMessage, ProtocolError
 from slurm_elastic.events import EventLog
 from slurm_elastic.jobdir import private_dir
+from slurm_elastic.logs import get_logger
 from slurm_elastic.rendezvous.service import StoreService
 from slurm_elastic.wire import messages as msg
 from slurm_elastic.wire.channel import HandshakeGate, accept_handshake, read_message, write_message
 
-log = structlog.get_logger("slurm_elastic.coordinator")
+log = get_logger("slurm_elastic.coordinator")
 TICK_S = 0.1
 MAX_COMMIT_RECORDS = 10_000  # the newest commits kept for tools (MTTR, demos); events.jsonl has them all
 MAX_TRACEBACKS = 100

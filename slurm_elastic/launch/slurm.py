@@ -24,8 +24,6 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-import structlog
-
 from slurm_elastic.agent import EXIT_DRAINED_BY_SIGNAL
 from slurm_elastic.commands.common import fail, job_config
 from slurm_elastic.config import JobConfig, training_env
@@ -40,11 +38,11 @@ from slurm_elastic.decide.slurm_watch import (
 )
 from slurm_elastic.errors import ElasticError, SlurmError
 from slurm_elastic.jobdir import JobHandle, LaunchInfo, hook_comment, job_dir
-from slurm_elastic.logs import configure_logging
+from slurm_elastic.logs import configure_logging, get_logger
 from slurm_elastic.slurm import NodeInfo, SlurmBackend, get_backend, srun_argv
 from slurm_elastic.wire.channel import new_secret
 
-log = structlog.get_logger("slurm_elastic.launch")
+log = get_logger("slurm_elastic.launch")
 SATELLITE_TEMPLATE = Path(__file__).resolve().parents[2] / "sbatch_templates" / "elastic_satellite.sbatch"
 
 

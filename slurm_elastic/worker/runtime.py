@@ -14,11 +14,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import structlog
 from pydantic import BaseModel
 
 from slurm_elastic.decide import worker as decide
 from slurm_elastic.errors import ElasticError, StateLost
+from slurm_elastic.logs import get_logger
 from slurm_elastic.wire.messages import Assign, CollectiveFault, Leave, Phase, Stop, WorkerEvent, WorkerSettings
 from slurm_elastic.wire.messages import StateLost as StateLostMessage
 from slurm_elastic.worker.comm import CollectiveFailed, Group, Interrupt, Interrupted, pick_backend
@@ -27,7 +27,7 @@ from slurm_elastic.worker.env import WorkerEnv
 from slurm_elastic.worker.ports import Control, Faults, Ports
 from slurm_elastic.worker.sync import SyncResult
 
-log = structlog.get_logger("slurm_elastic.worker")
+log = get_logger("slurm_elastic.worker")
 
 # How long a worker whose collective failed waits for the coordinator's new generation before asking
 # for one itself (the usual path, a lost peer, brings the generation in milliseconds).

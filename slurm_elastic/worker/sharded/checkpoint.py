@@ -27,15 +27,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import structlog
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 
+from slurm_elastic.logs import get_logger
 from slurm_elastic.worker.sharded.holder import ShardedReplica
 
-log = structlog.get_logger("slurm_elastic.worker")
+log = get_logger("slurm_elastic.worker")
 Report = Callable[[str, dict[str, Any]], None]
 _STEP = re.compile(r"^step-(\d{9})$")
 _ALLOWED = {
