@@ -22,7 +22,7 @@ from slurm_elastic.logs import get_logger
 from slurm_elastic.wire.messages import Assign, CollectiveFault, Leave, Phase, Stop, WorkerEvent, WorkerSettings
 from slurm_elastic.wire.messages import StateLost as StateLostMessage
 from slurm_elastic.worker.comm import CollectiveFailed, Group, Interrupt, Interrupted, pick_backend
-from slurm_elastic.worker.control import CoordinatorLost, Identity, JobOver
+from slurm_elastic.worker.control import ControlFailed, CoordinatorLost, Identity, JobOver
 from slurm_elastic.worker.env import WorkerEnv
 from slurm_elastic.worker.ports import Control, Faults, Ports
 from slurm_elastic.worker.sync import SyncResult
@@ -172,6 +172,8 @@ class Runtime:
                 ann = control.next_announcement(self.generation)
         except CoordinatorLost as exc:
             raise WorkerEnded(decide.ending_for_lost_coordinator(str(exc))) from None
+        except ControlFailed as exc:
+            raise WorkerEnded(decide.ending_for_failed_control(str(exc))) from None
         if isinstance(ann, Leave):
             raise WorkerEnded(decide.ending_for_leave(ann.reason))
         if isinstance(ann, Stop):
