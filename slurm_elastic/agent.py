@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import os
 import signal
 import socket
@@ -19,8 +20,6 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import IO
 
-import structlog
-
 from slurm_elastic.decide.failures import restart_decision
 from slurm_elastic.decide.health import stalled_for
 from slurm_elastic.decide.worker import EXIT_COORDINATOR_LOST
@@ -28,6 +27,8 @@ from slurm_elastic.errors import ElasticError, InvalidMessage
 from slurm_elastic.exitmarker import write_exit_code
 from slurm_elastic.jobsecret import SECRET_FD, Secret, secret_pipe
 from slurm_elastic.lineage import become_subreaper, die_with_parent, kill_adopted, reap_adopted
+from slurm_elastic.logs import get_logger
+from slurm_elastic.loops import start_thread
 from slurm_elastic.nodecache import remove_job_cache
 from slurm_elastic.wire.channel import Channel, connect
 from slurm_elastic.wire.messages import (
@@ -39,10 +40,11 @@ from slurm_elastic.wire.messages import (
     RegisterNode,
     RestartWorkers,
     Stop,
+    WorkerEvent,
     WorkerExited,
 )
 
-log = structlog.get_logger("slurm_elastic.agent")
+log = get_logger("slurm_elastic.agent")
 MAX_STDERR_TAIL = 2000  # characters of a worker's last stderr output, reported when it ends
 
 
@@ -58,7 +60,7 @@ class StderrTail:
         with contextlib.suppress(OSError, ValueError):
             while chunk := source.read1(65536):  # type: ignore[attr-defined]
                 self._tail.append(chunk)
-                with contextlib.suppress(OSError):
+                with contextlib.suppress(OSError, ValueError):  # our stderr full or closed: keep draining the pipe
                     sink.write(chunk)
                     sink.flush()
 
@@ -115,6 +117,7 @@ class Agent:
         self._last_heard = time.monotonic()
         self._failed_after_end: list[str] = []
         self._hold_s: float | None = None  # the node goes back to Slurm by a shrink: wait for it (HoldNode)
+        self._failure: str | None = None  # a control thread of this agent died: why (the agent exits failed)
 
     # --- workers --------------------------------------------------------------------------------------
 
@@ -157,9 +160,7 @@ class Agent:
             os.close(secret_fd)  # the worker holds its own copy
         assert slot.proc.stderr is not None
         slot.stderr = StderrTail(slot.proc.stderr, sys.stderr.buffer)
-        threading.Thread(
-            target=self._watch, args=(slot, slot.proc), name=f"se-watch-{slot.local_rank}", daemon=True
-        ).start()
+        start_thread(f"se-watch-{slot.local_rank}", functools.partial(self._watch, slot, slot.proc), self._thread_died)
 
     def _watch(self, slot: Slot, proc: subprocess.Popen[bytes]) -> None:
         returncode = proc.wait()
@@ -193,7 +194,7 @@ class Agent:
         self._lock.notify_all()
 
     def _stopping(self) -> bool:
-        return self._draining or self._stop is not None or self._coordinator_lost
+        return self._draining or self._stop is not None or self._coordinator_lost or self._failure is not None
 
     def _signal_workers(self, sig: int) -> None:
         for slot in self.slots:
@@ -209,7 +210,7 @@ class Agent:
 
     # --- coordinator ----------------------------------------------------------------------------------
 
-    def _report(self, message: WorkerExited | DrainRequest | Heartbeat) -> None:
+    def _report(self, message: WorkerExited | DrainRequest | Heartbeat | WorkerEvent) -> None:
         if self._channel is None or self._coordinator_lost:
             return
         try:
@@ -273,6 +274,14 @@ class Agent:
                 return
             self._report(Heartbeat(generation=0, step=-1, phase="init"))
 
+    def _thread_died(self, reason: str) -> None:
+        """A control thread ended with an exception (see loops): the agent cannot do its duty any more. It
+        tells the coordinator why, then ends its workers and exits failed (`_supervise`)."""
+        with self._lock:
+            self._failure = self._failure or reason
+            self._lock.notify_all()
+        self._report(WorkerEvent(kind="control_loop_failed", fields={"reason": reason}))
+
     def _on_signal(self, signum: int, frame: object) -> None:
         self._signalled = True
         threading.Thread(target=self.request_drain, args=(signal.Signals(signum).name,), daemon=True).start()
@@ -307,8 +316,8 @@ class Agent:
             raise ElasticError(f"coordinator {cfg.coordinator} refused node {cfg.node}: {reason}")
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._on_signal)
-        threading.Thread(target=self._read_loop, name="se-agent-control", daemon=True).start()
-        threading.Thread(target=self._heartbeat_loop, name="se-agent-heartbeat", daemon=True).start()
+        start_thread("se-agent-control", self._read_loop, self._thread_died)
+        start_thread("se-agent-heartbeat", self._heartbeat_loop, self._thread_died)
         with self._lock:
             for slot in self.slots:
                 self._spawn(slot)
@@ -318,7 +327,7 @@ class Agent:
         drain_deadline: float | None = None
         with self._lock:
             while self._alive():
-                if self._coordinator_lost or (self._stop is not None and self._stop.error):
+                if self._coordinator_lost or self._failure or (self._stop is not None and self._stop.error):
                     break
                 if self._draining and drain_deadline is None:
                     drain_deadline = time.monotonic() + self.config.drain_grace_s
@@ -360,6 +369,9 @@ class Agent:
                 self._lock.wait(0.2)
 
     def _exit_code(self) -> int:
+        if self._failure is not None:
+            log.error("agent_failed", node=self.config.node, reason=self._failure)
+            return EXIT_FAILED
         if self._coordinator_lost:
             log.error("coordinator_lost", node=self.config.node)
             self._requeue_job()

@@ -14,9 +14,9 @@ import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
-import structlog
 from pydantic import BaseModel
 
 from slurm_elastic.coordinator.config import CoordinatorConfig
@@ -28,11 +28,13 @@ from slurm_elastic.decide.health import Liveness, find_unresponsive, stalled_for
 from slurm_elastic.errors import AuthError, HandshakeRefused, InvalidMessage, ProtocolError
 from slurm_elastic.events import EventLog
 from slurm_elastic.jobdir import private_dir
+from slurm_elastic.logs import get_logger
+from slurm_elastic.loops import run_loudly
 from slurm_elastic.rendezvous.service import StoreService
 from slurm_elastic.wire import messages as msg
 from slurm_elastic.wire.channel import HandshakeGate, accept_handshake, read_message, write_message
 
-log = structlog.get_logger("slurm_elastic.coordinator")
+log = get_logger("slurm_elastic.coordinator")
 TICK_S = 0.1
 MAX_COMMIT_RECORDS = 10_000  # the newest commits kept for tools (MTTR, demos); events.jsonl has them all
 MAX_TRACEBACKS = 100
@@ -110,7 +112,7 @@ class Coordinator:
 
     async def start(self) -> None:
         cfg = self.config
-        self.server = await asyncio.start_server(self._on_connect, cfg.host, cfg.port)
+        self.server = await asyncio.start_server(self._serve_connection, cfg.host, cfg.port)
         port = self.server.sockets[0].getsockname()[1]
         self.address = f"{cfg.advertise_host or cfg.host}:{port}"
         self.events.emit(
@@ -119,7 +121,8 @@ class Coordinator:
             expected_workers=cfg.expected_workers,
             recovery=cfg.recovery,
         )
-        self._ticker_task = asyncio.get_running_loop().create_task(self._ticker())
+        ticker = run_loudly(self._ticker(), "the coordinator's ticker", self._ticker_died)
+        self._ticker_task = asyncio.get_running_loop().create_task(ticker)
 
     def settings(self) -> msg.WorkerSettings:
         cfg = self.config
@@ -134,6 +137,15 @@ class Coordinator:
         )
 
     # --- connections ----------------------------------------------------------------------------------
+
+    async def _serve_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peer = str(writer.get_extra_info("peername"))
+        await run_loudly(self._on_connect(reader, writer), f"the connection task of {peer}", self._connection_died)
+
+    def _connection_died(self, reason: str) -> None:
+        """One connection's task failed: that peer is lost the ordinary way (its connection closes), and the
+        reason is on record. Not the job: one peer's connection, authenticated or not, must not stop it."""
+        self.events.emit("control_loop_failed", loop="connection", reason=reason)
 
     async def _on_connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -286,6 +298,8 @@ class Coordinator:
                 self._on_drain(message)
             case msg.Heartbeat():
                 pass
+            case msg.WorkerEvent(kind="control_loop_failed"):  # the agent is failing: why, before it goes
+                self.events.emit("control_loop_failed", node=node, reason=str(message.fields.get("reason", ""))[:1000])
             case _:
                 raise ProtocolError(f"unexpected {message.type!r} from agent {node}")
 
@@ -509,6 +523,23 @@ class Coordinator:
         while True:
             await asyncio.sleep(TICK_S)
             self._tick(time.monotonic())
+
+    def _ticker_died(self, reason: str) -> None:
+        """Without its ticker the coordinator sends no pulses and detects nothing: fail the job now, saying
+        why, rather than let every agent find it silent a lease later."""
+        self.events.emit("control_loop_failed", loop="ticker", reason=reason)
+        self.fail(reason)
+
+    def fail(self, reason: str) -> None:
+        """Fail the job with `reason` (on the coordinator's loop): every agent and worker is stopped with it."""
+        try:
+            self._feed(m.Abort(reason))
+        except Exception:  # the reducer itself is what broke: stop everyone by hand
+            self.state = replace(self.state, phase="failed", reason=reason)
+            self._publish()
+            self.done.set()
+            self.events.emit("job_failed", reason=reason)
+            self._stop_everyone(msg.Stop(reason="failed", error=reason))
 
     def _tick(self, now: float) -> None:
         cfg = self.config

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 AttemptOutcome = Literal["none", "committed", "aborted", "failed"]
-EndKind = Literal["left", "stopped", "job_failed", "coordinator_lost", "job_over"]
+EndKind = Literal["left", "stopped", "job_failed", "coordinator_lost", "job_over", "control_failed"]
 
 EXIT_OK = 0
 EXIT_JOB_FAILED = 1
@@ -109,6 +109,12 @@ def ending_for_leave(reason: str) -> Ending:
 
 def ending_for_lost_coordinator(detail: str) -> Ending:
     return Ending("coordinator_lost", EXIT_COORDINATOR_LOST, f"lost the coordinator: {detail}")
+
+
+def ending_for_failed_control(reason: str) -> Ending:
+    """A thread of the worker's control connection died: it leaves as a crash would (its agent may start
+    it again, and it rejoins), having told the coordinator why."""
+    return Ending("control_failed", EXIT_JOB_FAILED, f"the worker's control connection failed: {reason}")
 
 
 def ending_for_refused_registration(reason: str) -> Ending:

@@ -23,8 +23,6 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-import structlog
-
 from slurm_elastic.agent import EXIT_DRAINED_BY_SIGNAL
 from slurm_elastic.commands.common import fail, job_config
 from slurm_elastic.config import JobConfig, training_env
@@ -40,12 +38,13 @@ from slurm_elastic.decide.slurm_watch import (
 from slurm_elastic.errors import ElasticError, SlurmError
 from slurm_elastic.exitmarker import fresh_core_exits, read_exit_code
 from slurm_elastic.jobdir import JobHandle, LaunchInfo, hook_comment, job_dir, make_job_dir, private_dir, user_name
-from slurm_elastic.logs import configure_logging
+from slurm_elastic.logs import configure_logging, get_logger
+from slurm_elastic.loops import died
 from slurm_elastic.sanitize import printable_lines
 from slurm_elastic.slurm import JobInfo, NodeInfo, SlurmBackend, get_backend, srun_argv
 from slurm_elastic.wire.channel import new_secret
 
-log = structlog.get_logger("slurm_elastic.launch")
+log = get_logger("slurm_elastic.launch")
 SATELLITE_TEMPLATE = Path(__file__).resolve().parents[2] / "sbatch_templates" / "elastic_satellite.sbatch"
 
 
@@ -191,6 +190,21 @@ class SlurmLaunch:
                 next_pool = now + 2.0
                 self._keep_pool()
         return self.coordinator.view().phase
+
+    def watch(self) -> str:
+        """`supervise`, but a watch loop that breaks fails the job with the reason: never a batch script gone
+        with its coordinator, leaving the agents to find it silent a lease later."""
+        try:
+            return self.supervise()
+        except Exception as exc:
+            died("the launcher's watch loop", exc, self._fail)
+            return "failed"
+
+    def _fail(self, reason: str) -> None:
+        assert self.coordinator is not None
+        coord = self.coordinator.coordinator
+        coord.events.emit("control_loop_failed", loop="launcher", reason=reason)
+        self.coordinator.call(coord.fail, reason)
 
     def _watch_nodes(self) -> None:
         """Slurm's node states become drains; nodes of the allocation that came back get an agent again."""
@@ -341,7 +355,7 @@ def run_in_allocation(args: argparse.Namespace, command: list[str]) -> int:
     launch.start()
     phase = "failed"
     try:
-        phase = launch.supervise()
+        phase = launch.watch()
     finally:
         launch.finish(phase)
     view = launch.coordinator.view() if launch.coordinator else None

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import os
 
-import structlog
-
 from slurm_elastic.errors import ConfigError
+from slurm_elastic.logs import get_logger
 
 from .backend import SlurmBackend, srun_argv
 from .cli_backend import CliBackend
@@ -36,7 +35,7 @@ __all__ = [
 
 ENV_VAR = "SLURM_ELASTIC_SLURM_BACKEND"
 CHOICES = ("auto", "cli", "pyslurm")
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 def get_backend(prefer: str | None = None) -> SlurmBackend:

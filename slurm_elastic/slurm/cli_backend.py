@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import structlog
+from slurm_elastic.logs import get_logger
 
 from .backend import check_node_update, filter_jobs, node_names
 from .errors import JobNotFound, SlurmCommandError, SlurmError, SlurmRequestError
@@ -27,7 +27,7 @@ from .records import JobInfo, NodeInfo, SlurmVersion
 
 __all__ = ["CliBackend", "CommandResult", "Runner", "run_command"]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 # `scontrol --json` and `--json` with working filters arrived in 23.02; 22.05 has only `squeue --json`.
 SCONTROL_JSON_SINCE = SlurmVersion(23, 2, 0)

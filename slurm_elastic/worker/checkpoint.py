@@ -17,15 +17,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
-import structlog
 import torch
 
+from slurm_elastic.logs import get_logger
 from slurm_elastic.worker import ckptformat
 from slurm_elastic.worker.ckptfiles import CheckpointError, make_dirs, open_file, write_file
 from slurm_elastic.worker.replica import Replica
 from slurm_elastic.worker.state import Snapshot, StateError
 
-log = structlog.get_logger("slurm_elastic.worker")
+log = get_logger("slurm_elastic.worker")
 
 Report = Callable[[str, dict[str, Any]], None]
 _NAME = re.compile(r"^step-(\d{9})\.pt$")

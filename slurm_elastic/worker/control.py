@@ -2,7 +2,9 @@
 
 A reader thread receives announcements. An abrupt generation change, a `Leave`, a `Stop` or the loss
 of the coordinator fires the worker's `Interrupt`, so a main thread blocked in a collective wakes up
-at once; a graceful change only raises a flag that the next reduction carries to every rank.
+at once; a graceful change only raises a flag that the next reduction carries to every rank. If the reader
+or the heartbeat thread dies, the worker tells the coordinator why and leaves the job (`ControlFailed`),
+rather than fall silent until its lease expires.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from pydantic import BaseModel
 
 from slurm_elastic.decide.health import stalled_for
 from slurm_elastic.errors import InvalidMessage
+from slurm_elastic.loops import start_thread
 from slurm_elastic.wire.channel import Channel, connect
 from slurm_elastic.wire.messages import (
     Assign,
@@ -25,6 +28,7 @@ from slurm_elastic.wire.messages import (
     Register,
     Registered,
     Stop,
+    WorkerEvent,
     WorkerSettings,
 )
 from slurm_elastic.worker.comm import Interrupt
@@ -45,6 +49,10 @@ class CoordinatorLost(ConnectionError):
     """The control connection closed: the coordinator is gone."""
 
 
+class ControlFailed(Exception):
+    """A thread of this worker's control connection died: the worker cannot hear or be heard any more."""
+
+
 class JobOver(Exception):
     """The coordinator turned the registration down because the job has ended."""
 
@@ -61,6 +69,7 @@ class ControlClient:
         self._current_generation = 0
         self._change_generation = 0
         self._lost = False
+        self._failure: str | None = None  # why a control thread died, if one did
         self._last_heard = time.monotonic()  # the coordinator's last message (it pulses every interval)
         self._closed = threading.Event()
         self.progress: tuple[int, int, Phase] = (0, -1, "init")
@@ -88,8 +97,8 @@ class ControlClient:
         if not isinstance(reply, Registered):
             raise CoordinatorLost(f"expected 'registered', got {reply.type!r}")
         self.settings = reply.settings
-        threading.Thread(target=self._read_loop, name="se-control", daemon=True).start()
-        threading.Thread(target=self._heartbeat_loop, name="se-heartbeat", daemon=True).start()
+        start_thread("se-control", self._read_loop, self._thread_died)
+        start_thread("se-heartbeat", self._heartbeat_loop, self._thread_died)
         return reply.settings
 
     def close(self) -> None:
@@ -123,6 +132,8 @@ class ControlClient:
         with self._cond:
             while True:
                 latest = self._latest
+                if self._failure is not None:
+                    raise ControlFailed(self._failure)
                 if self._lost:
                     raise CoordinatorLost("lost the connection to the coordinator")
                 if isinstance(latest, Leave | Stop):
@@ -138,7 +149,7 @@ class ControlClient:
 
     def _superseded_locked(self) -> bool:
         latest = self._latest
-        if isinstance(latest, Leave | Stop) or self._lost:
+        if isinstance(latest, Leave | Stop) or self._lost or self._failure is not None:
             return True
         return (
             isinstance(latest, Assign) and latest.generation > self._current_generation and latest.boundary_step is None
@@ -164,6 +175,14 @@ class ControlClient:
                     if self._superseded_locked():
                         self.interrupt.set()
                 self._cond.notify_all()
+
+    def _thread_died(self, reason: str) -> None:
+        """Tell the coordinator why (not a silent lease expiry), and wake the main thread to leave the job."""
+        with self._cond:
+            self._failure = self._failure or reason
+            self.interrupt.set()
+            self._cond.notify_all()
+        self.send(WorkerEvent(kind="control_loop_failed", fields={"reason": reason}))
 
     def _on_lost(self) -> None:
         if self._closed.is_set():

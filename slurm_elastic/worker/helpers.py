@@ -10,6 +10,7 @@ time and then waits for the next. One left blocked by an abandoned generation st
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import threading
@@ -33,7 +34,8 @@ class _Helper:
             try:
                 call()
             except BaseException:  # calls keep their own errors (run_interruptibly does); never lose the thread
-                traceback.print_exc()
+                with contextlib.suppress(Exception):  # nor to a stderr that cannot be written
+                    traceback.print_exc()
             finally:
                 self.thread.name = "se-helper"
                 self._pool._release(self)

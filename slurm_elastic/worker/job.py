@@ -29,7 +29,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, NoReturn
 
-import structlog
 import torch
 
 from slurm_elastic.data.order import SampleOrder
@@ -39,6 +38,7 @@ from slurm_elastic.decide.epochs import Goal, epoch_end, epoch_of, positive_int
 from slurm_elastic.errors import ConfigError, JobFailed, UsageError
 from slurm_elastic.faults import FaultInjector
 from slurm_elastic.ledger import LedgerWriter
+from slurm_elastic.logs import get_logger
 from slurm_elastic.wire.messages import AtBoundary, Finished
 from slurm_elastic.worker import snapshot, userstate
 from slurm_elastic.worker.callbacks import Callbacks, EpochHook, StepHook
@@ -68,7 +68,7 @@ from slurm_elastic.worker.usage import (
     save_during_step,
 )
 
-log = structlog.get_logger("slurm_elastic.worker")
+log = get_logger("slurm_elastic.worker")
 DEFAULT_PREFETCH = 4
 
 

@@ -71,6 +71,14 @@ def settle_native_threads(limit_s: float = 2.0, poll_s: float = 0.01) -> bool:
     return True
 
 
+def _flush_output() -> None:
+    """What the process wrote, out before an `os._exit`; a full disk under stdout or stderr must not keep the
+    process from its exit (an exception in an atexit hook would)."""
+    for flush in (logging.shutdown, lambda: sys.stdout.flush(), lambda: sys.stderr.flush()):
+        with contextlib.suppress(Exception):
+            flush()
+
+
 class ProcessHooks:
     def __init__(self, node: str, worker_id: str, send: Callable[[BaseModel], None], *, enabled: bool = True) -> None:
         self.node = node
@@ -128,9 +136,7 @@ class ProcessHooks:
 
     def _exit_failed(self) -> None:
         self.flush()  # the script ended before the delay did
-        logging.shutdown()
-        sys.stdout.flush()
-        sys.stderr.flush()
+        _flush_output()
         os._exit(self.exit_code or 1)
 
     def install(self) -> None:
@@ -159,9 +165,7 @@ class ProcessHooks:
         if not leftovers():
             settle_native_threads()
             return
-        logging.shutdown()
-        sys.stdout.flush()
-        sys.stderr.flush()
+        _flush_output()
         os._exit(self.exit_code)
 
     def _report_failure(self, previous: Callable[..., Any]) -> Callable[..., Any]:

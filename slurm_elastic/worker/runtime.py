@@ -14,20 +14,20 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import structlog
 from pydantic import BaseModel
 
 from slurm_elastic.decide import worker as decide
 from slurm_elastic.errors import ElasticError, StateLost
+from slurm_elastic.logs import get_logger
 from slurm_elastic.wire.messages import Assign, CollectiveFault, Leave, Phase, Stop, WorkerEvent, WorkerSettings
 from slurm_elastic.wire.messages import StateLost as StateLostMessage
 from slurm_elastic.worker.comm import CollectiveFailed, Group, Interrupt, Interrupted, pick_backend
-from slurm_elastic.worker.control import CoordinatorLost, Identity, JobOver
+from slurm_elastic.worker.control import ControlFailed, CoordinatorLost, Identity, JobOver
 from slurm_elastic.worker.env import WorkerEnv
 from slurm_elastic.worker.ports import Control, Faults, Ports
 from slurm_elastic.worker.sync import SyncResult
 
-log = structlog.get_logger("slurm_elastic.worker")
+log = get_logger("slurm_elastic.worker")
 
 # How long a worker whose collective failed waits for the coordinator's new generation before asking
 # for one itself (the usual path, a lost peer, brings the generation in milliseconds).
@@ -172,6 +172,8 @@ class Runtime:
                 ann = control.next_announcement(self.generation)
         except CoordinatorLost as exc:
             raise WorkerEnded(decide.ending_for_lost_coordinator(str(exc))) from None
+        except ControlFailed as exc:
+            raise WorkerEnded(decide.ending_for_failed_control(str(exc))) from None
         if isinstance(ann, Leave):
             raise WorkerEnded(decide.ending_for_leave(ann.reason))
         if isinstance(ann, Stop):

@@ -10,15 +10,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import structlog
-
+from slurm_elastic.logs import get_logger
 from slurm_elastic.worker.checkpoint import CheckpointError, read_checkpoint, write_checkpoint
 from slurm_elastic.worker.replica import Replica
 from slurm_elastic.worker.sharded.checkpoint import complete_checkpoints, save_snapshot
 from slurm_elastic.worker.sharded.holder import ShardedReplica
 from slurm_elastic.worker.state import StateError
 
-log = structlog.get_logger("slurm_elastic.worker")
+log = get_logger("slurm_elastic.worker")
 
 
 def save(replica: Replica | ShardedReplica, path: Path) -> Path:

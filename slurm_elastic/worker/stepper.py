@@ -8,7 +8,6 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-import structlog
 import torch
 
 from slurm_elastic.data.order import SampleOrder
@@ -24,6 +23,7 @@ from slurm_elastic.decide.batching import (
 from slurm_elastic.errors import UsageError
 from slurm_elastic.faults import FaultInjector
 from slurm_elastic.ledger import LedgerError, LedgerWriter
+from slurm_elastic.logs import get_logger
 from slurm_elastic.wire.messages import Committed, Phase, WorkerEvent
 from slurm_elastic.worker.callbacks import Callbacks
 from slurm_elastic.worker.comm import CollectiveFailed, Interrupted
@@ -39,7 +39,7 @@ from slurm_elastic.worker.sharded.step import ShardedStep
 from slurm_elastic.worker.step import Step
 from slurm_elastic.worker.usage import LoopState
 
-log = structlog.get_logger("slurm_elastic.worker")
+log = get_logger("slurm_elastic.worker")
 
 
 class Checkpoints(Protocol):

@@ -29,7 +29,6 @@ from collections.abc import Callable, Generator
 from pathlib import Path
 from typing import Any
 
-import structlog
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
@@ -38,6 +37,7 @@ from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.filesystem import FileSystem
 from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 
+from slurm_elastic.logs import get_logger
 from slurm_elastic.worker.ckptfiles import (
     CheckpointError,
     fresh_dir,
@@ -51,7 +51,7 @@ from slurm_elastic.worker.ckptformat import torch_load_is_safe
 from slurm_elastic.worker.sharded import dcpmeta
 from slurm_elastic.worker.sharded.holder import ShardedReplica
 
-log = structlog.get_logger("slurm_elastic.worker")
+log = get_logger("slurm_elastic.worker")
 Report = Callable[[str, dict[str, Any]], None]
 OnSkip = Callable[[Path, str], None]
 _STEP = re.compile(r"^step-(\d{9})$")

@@ -20,7 +20,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import structlog
 import torch
 from torch.distributed.fsdp._fully_shard._fsdp_common import FSDPMeshInfo
 
@@ -28,6 +27,7 @@ from slurm_elastic.decide.heal import HealPlan, ShardReport, plan_heal
 from slurm_elastic.decide.layout import Layout, plan_layout
 from slurm_elastic.decide.reshard import Holding, Need, ReshardPlan, plan_reshard, shard_rows
 from slurm_elastic.errors import ElasticError, StateLost
+from slurm_elastic.logs import get_logger
 from slurm_elastic.worker.ckptfiles import CheckpointError
 from slurm_elastic.worker.comm import Group, run_interruptibly
 from slurm_elastic.worker.sharded.checkpoint import complete_checkpoints, load_shard, read_small
@@ -37,7 +37,7 @@ from slurm_elastic.worker.sharded.remesh import Entry, rebind
 from slurm_elastic.worker.sharded.transfer import execute
 from slurm_elastic.worker.sync import SyncResult
 
-log = structlog.get_logger("slurm_elastic.worker")
+log = get_logger("slurm_elastic.worker")
 ROUNDS = 3  # transfer rounds before giving up on refused senders
 SPLIT_BYTES = 1 << 20
 
