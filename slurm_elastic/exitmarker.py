@@ -20,14 +20,13 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-import structlog
-
 from slurm_elastic.errors import ElasticError
 from slurm_elastic.jobdir import check_job_dir, job_dir, plain_name, private_dir, read_private, write_private
+from slurm_elastic.logs import get_logger
 
 __all__ = ["fresh_core_exits", "markers", "read_exit_code", "satellite_marker", "write_exit_code"]
 
-log = structlog.get_logger("slurm_elastic.exitmarker")
+log = get_logger("slurm_elastic.exitmarker")
 EXITS = "exits"
 SATELLITE_EXITS = "satellite-exits"
 

@@ -116,8 +116,13 @@ def get_logger(name: str) -> SafeLogger:
     return SafeLogger(name)
 
 
-class _SafePrintLogger(structlog.PrintLogger):
-    """structlog's PrintLogger, but a line that cannot be written is dropped (and counted in DROPS)."""
+class _SafeSink:
+    """The entry points' sink: each rendered line to `file`; a line that cannot be written is dropped (and
+    counted in DROPS)."""
+
+    def __init__(self, file: TextIO) -> None:
+        self._file = file
+        self._lock = threading.Lock()
 
     def msg(self, message: str) -> None:
         with self._lock:
@@ -131,8 +136,8 @@ class _SafePrintLogger(structlog.PrintLogger):
     fatal = failure = err = error = critical = exception = msg
 
 
-def _safe_sink(file: TextIO) -> Callable[..., _SafePrintLogger]:
-    sink = _SafePrintLogger(file)
+def _safe_sink(file: TextIO) -> Callable[..., _SafeSink]:
+    sink = _SafeSink(file)
     return lambda *args: sink
 
 

@@ -19,6 +19,7 @@ from typing import Any, TextIO
 import pytest
 import structlog
 
+import slurm_elastic
 from slurm_elastic.coordinator import CoordinatorThread
 from slurm_elastic.coordinator.config import CoordinatorConfig
 from slurm_elastic.events import EventLog
@@ -200,3 +201,14 @@ def test_the_coordinator_keeps_pulsing_while_every_write_fails(
     kinds = [e["event"] for e in thread.coordinator.events.all()]
     assert "membership_change" in kinds
     assert kinds.count("log_write_failed") == 1 and kinds.count("events_write_failed") == 1
+
+
+def test_every_library_module_logs_through_the_guarded_logger() -> None:
+    """A module that took structlog's own logger would let a full disk's write error out of its loops."""
+    package = Path(slurm_elastic.__file__).parent
+    direct = [
+        str(path.relative_to(package))
+        for path in sorted(package.rglob("*.py"))
+        if "structlog.get_logger(" in path.read_text() and path.name != "logs.py"
+    ]
+    assert direct == [], direct
