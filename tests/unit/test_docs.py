@@ -56,3 +56,12 @@ def test_the_errors_from_ddp_md_quotes_are_raised_by_the_library() -> None:
     for q in quoted:
         fragment = longest_plain_run(q)
         assert len(fragment.split()) >= 3 and fragment in source, f"docs/from-ddp.md quotes {q!r}: {fragment!r}"
+
+
+def test_every_test_security_md_names_exists() -> None:
+    doc = (REPO / "docs" / "security.md").read_text()
+    named = re.findall(r"`(tests/[\w/]+\.py)(?:::(\w+))?`", doc)
+    assert len(named) >= 30
+    for path, name in named:
+        source = (REPO / path).read_text()
+        assert not name or re.search(rf"^def {name}\(", source, re.M), f"docs/security.md names {path}::{name}"
