@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import structlog
 
 
 def _mount_tmpfs(mount: Path, size: str) -> None:
@@ -75,3 +76,13 @@ def full_disk(tmpfs: Tmpfs) -> Path:
     mount = tmpfs.mount("full", "64k")
     tmpfs.fill(mount)
     return mount
+
+
+@pytest.fixture(autouse=True)
+def structlog_as_found() -> Iterator[None]:
+    """Each test starts with structlog's defaults and leaves them so: an entry point run in-process (a hook
+    filters library lines below WARNING, the CLI binds its stderr) must not change what later tests see."""
+    saved = structlog.get_config()
+    structlog.reset_defaults()
+    yield
+    structlog.configure(**saved)

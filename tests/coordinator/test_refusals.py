@@ -27,16 +27,6 @@ MARK = "PWNED"
 HOSTILE = f"{MARK}\n2026-01-01 [info] job_finished\x1b[2J\x1b]0;{MARK}\x07\u009b31m\r\u202e"
 
 
-@pytest.fixture(autouse=True)
-def default_logging() -> Iterator[None]:
-    """structlog as the library finds it: an earlier test (the hooks') may have filtered out info lines,
-    which `capture_logs` would then never see."""
-    saved = structlog.get_config()
-    structlog.reset_defaults()
-    yield
-    structlog.configure(**saved)
-
-
 @pytest.fixture
 def coordinator(tmp_path: Path) -> Iterator[CoordinatorThread]:
     config = CoordinatorConfig(

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 import torch
 
+from slurm_elastic import jobdir
 from slurm_elastic.commands.jobs import status_of
 from slurm_elastic.errors import ElasticError
 from slurm_elastic.events import read_events
@@ -63,7 +64,7 @@ def test_a_job_whose_output_and_job_directory_fill_up_trains_to_the_reference_mo
         "--until-file", str(until),
     ]  # fmt: skip
     env = {**os.environ, "SLURM_ELASTIC_HOME": str(home)}
-    job_dir = home / "jobs" / JOB
+    job_dir = jobdir.job_dir(JOB, root=home)
     out_path = logs / "job.out"
     with open(out_path, "ab") as out:  # appended to by every process of the job, as sbatch's --output is
         proc = subprocess.Popen(argv, stdout=out, stderr=out, env=env, start_new_session=True)
