@@ -27,7 +27,7 @@ from slurm_elastic.errors import ElasticError, InvalidMessage
 from slurm_elastic.exitmarker import write_exit_code
 from slurm_elastic.jobsecret import SECRET_FD, Secret, secret_pipe
 from slurm_elastic.lineage import become_subreaper, die_with_parent, kill_adopted, reap_adopted
-from slurm_elastic.logs import get_logger
+from slurm_elastic.logs import drop_unwritable_output, get_logger
 from slurm_elastic.loops import start_thread
 from slurm_elastic.nodecache import remove_job_cache
 from slurm_elastic.wire.channel import Channel, connect
@@ -506,4 +506,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        code = main()
+    finally:
+        drop_unwritable_output()
+    sys.exit(code)

@@ -8,6 +8,7 @@ import sys
 
 from slurm_elastic import __version__
 from slurm_elastic.errors import ConfigError, ElasticError
+from slurm_elastic.logs import configure_logging, drop_unwritable_output
 from slurm_elastic.sanitize import printable_lines
 
 
@@ -33,15 +34,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    try:
+        return _main(sys.argv[1:] if argv is None else argv)
+    finally:
+        drop_unwritable_output()
+
+
+def _main(argv: list[str]) -> int:
     if argv[:1] == ["agent"]:  # its own parser: it takes a command after --, options and all
         from slurm_elastic import agent
 
         return agent.main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
-    from slurm_elastic.logs import configure_logging
-
     # Quiet by default; `run` reconfigures from the job's settings, the benchmarks print their own lines.
     configure_logging("json" if os.environ.get("SLURM_ELASTIC_LOG_FORMAT") == "json" else "console", "WARNING")
     try:

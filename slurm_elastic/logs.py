@@ -11,7 +11,9 @@ gets through again, one `log_lines_dropped` line says how many were lost, and wh
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import sys
 import threading
 from collections.abc import Callable
@@ -157,3 +159,18 @@ def configure_logging(fmt: LogFormat = "console", level: str = "INFO") -> None:
         logger_factory=_safe_sink(sys.stderr),
         cache_logger_on_first_use=False,
     )
+
+
+def drop_unwritable_output() -> None:
+    """At an entry point's end: flush stdout and stderr, and point one that cannot be written (a full disk
+    under the job's `.out`) at /dev/null, so that Python's own flush at exit drops the rest instead of
+    turning a command that did its work into exit code 120."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError) as exc:
+            DROPS.drop(exc)
+            with contextlib.suppress(OSError, ValueError):
+                devnull = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(devnull, stream.fileno())
+                os.close(devnull)

@@ -22,6 +22,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from slurm_elastic.errors import ElasticError, UsageError
+from slurm_elastic.logs import drop_unwritable_output
 from slurm_elastic.wire.messages import DrainRequest, Failure
 from slurm_elastic.worker.comm import leftovers
 
@@ -141,6 +142,9 @@ class ProcessHooks:
 
     def install(self) -> None:
         sys.excepthook = self._report_failure(sys.excepthook)
+        # Run last (atexit is LIFO): the library's log lines may sit in stdout's buffer, and Python's flush of
+        # it at exit on a full disk would end a worker that did its work with code 120.
+        atexit.register(drop_unwritable_output)
         atexit.register(self._exit_without_leftovers)
         self._drain_on_sigterm()
 

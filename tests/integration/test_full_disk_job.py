@@ -63,7 +63,8 @@ def test_a_job_whose_output_and_job_directory_fill_up_trains_to_the_reference_mo
         "--", sys.executable, str(SLOW), "--data", str(corpus), "--steps", str(STEPS), "--save", str(model),
         "--until-file", str(until),
     ]  # fmt: skip
-    env = {**os.environ, "SLURM_ELASTIC_HOME": str(home)}
+    # Buffered output, as under sbatch (PYTHONUNBUFFERED would hide a flush at exit that fails).
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"} | {"SLURM_ELASTIC_HOME": str(home)}
     job_dir = jobdir.job_dir(JOB, root=home)
     out_path = logs / "job.out"
     with open(out_path, "ab") as out:  # appended to by every process of the job, as sbatch's --output is

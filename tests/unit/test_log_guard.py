@@ -9,6 +9,7 @@ import contextlib
 import errno
 import io
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -212,3 +213,23 @@ def test_every_library_module_logs_through_the_guarded_logger() -> None:
         if "structlog.get_logger(" in path.read_text() and path.name != "logs.py"
     ]
     assert direct == [], direct
+
+
+ENTRY_POINT_AFTER_OUTPUT = """
+import sys
+from slurm_elastic import cli
+print("a summary the command printed, still in stdout's buffer at exit")
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("command", [["--version"], ["agent", "--help"]])
+def test_a_command_whose_output_is_on_a_full_disk_still_exits_with_its_own_code(
+    full_disk: Path, command: list[str]
+) -> None:
+    """Python exits 120 when its flush of stdout at exit fails: a launcher that finished its job must not."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # buffered, as under sbatch
+    with open(full_disk / "out", "ab") as out:
+        argv = [sys.executable, "-c", ENTRY_POINT_AFTER_OUTPUT, *command]
+        done = subprocess.run(argv, stdout=out, env=env, timeout=60)
+    assert done.returncode == 0
