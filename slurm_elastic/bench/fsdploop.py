@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
-from slurm_elastic.bench.steploop import _model, _report
+from slurm_elastic.bench import charlm
 
 
 def _shard(model: torch.nn.Module, mesh: Any) -> torch.nn.Module:
@@ -60,7 +60,7 @@ def run_fsdp(args: argparse.Namespace) -> None:
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     data = TokenDataset(args.data, args.seq_len)
-    model = _model(args, data.vocab_size)
+    model = charlm.model(args, data.vocab_size)
     params = sum(p.numel() for p in model.parameters())
     _shard(model, init_device_mesh("cpu", (world,)))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -75,7 +75,7 @@ def run_fsdp(args: argparse.Namespace) -> None:
         optimizer.step()
         optimizer.zero_grad()
     starts.append(time.time())
-    _report(Path(args.out), rank, starts, params, optimizer_bytes(optimizer))
+    charlm.report(Path(args.out), rank, starts, params, optimizer_bytes(optimizer))
     dist.destroy_process_group()
 
 
@@ -84,7 +84,7 @@ def run_elastic_fsdp(args: argparse.Namespace) -> None:
     from slurm_elastic.data import TokenDataset
 
     data = TokenDataset(args.data, args.seq_len)
-    model = _model(args, data.vocab_size)
+    model = charlm.model(args, data.vocab_size)
     params = sum(p.numel() for p in model.parameters())
     _shard(model, se.placeholder_mesh())
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -96,4 +96,4 @@ def run_elastic_fsdp(args: argparse.Namespace) -> None:
             step.backward(F.cross_entropy(model(x).flatten(0, 1), y.flatten()))
     starts.append(time.time())
     mirror = getattr(job._replica, "mirror_opt", None)  # the second holder's optimizer over the mirrored shard
-    _report(Path(args.out), job.rank, starts, params, optimizer_bytes(optimizer, mirror))
+    charlm.report(Path(args.out), job.rank, starts, params, optimizer_bytes(optimizer, mirror))

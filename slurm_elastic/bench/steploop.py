@@ -14,17 +14,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
-import resource
-import sys
 import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from slurm_elastic.workload import EXAMPLES
+from slurm_elastic.bench import charlm
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -42,23 +39,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def _model(args: argparse.Namespace, vocab: int) -> torch.nn.Module:
-    sys.path.insert(0, str(EXAMPLES))  # the examples' own model, so the benchmark times what users run
-    from char_model import CharTransformer
-
-    torch.manual_seed(0)
-    return CharTransformer(vocab, args.seq_len, args.dim, args.layers, args.heads, dropout=0.0)
-
-
-def _report(out: Path, rank: int, starts: list[float], params: int, opt_bytes: tuple[int, int] = (0, 0)) -> None:
-    """`opt_bytes`: (optimizer state bytes this rank holds, the full state's), for a sharded model."""
-    out.mkdir(parents=True, exist_ok=True)
-    peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # Linux: kilobytes
-    record = {"rank": rank, "step_starts": starts, "peak_rss_mb": round(peak_kb / 1024, 1), "params": params}
-    record |= {"opt_bytes": opt_bytes[0], "opt_full_bytes": opt_bytes[1]}
-    (out / f"rank{rank}.json").write_text(json.dumps(record))
-
-
 def run_ddp(args: argparse.Namespace) -> None:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -69,7 +49,7 @@ def run_ddp(args: argparse.Namespace) -> None:
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     data = TokenDataset(args.data, args.seq_len)
-    model = DDP(_model(args, data.vocab_size))
+    model = DDP(charlm.model(args, data.vocab_size))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     accumulate = max(1, args.global_batch // (world * args.micro_batch))
     loader = iter(DataLoader(data, batch_size=args.micro_batch, sampler=DistributedSampler(data, seed=0)))
@@ -85,7 +65,7 @@ def run_ddp(args: argparse.Namespace) -> None:
         optimizer.zero_grad()
     starts.append(time.time())
     params = sum(p.numel() for p in model.parameters())
-    _report(Path(args.out), rank, starts, params)
+    charlm.report(Path(args.out), rank, starts, params)
     dist.destroy_process_group()
 
 
@@ -94,7 +74,7 @@ def run_elastic(args: argparse.Namespace) -> None:
     from slurm_elastic.data import TokenDataset
 
     data = TokenDataset(args.data, args.seq_len)
-    model = _model(args, data.vocab_size)
+    model = charlm.model(args, data.vocab_size)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     job = se.ElasticJob(model, optimizer, dataset=data, global_batch=args.global_batch, micro_batch=args.micro_batch)
     starts: list[float] = []
@@ -104,7 +84,7 @@ def run_elastic(args: argparse.Namespace) -> None:
             step.backward(F.cross_entropy(model(x).flatten(0, 1), y.flatten()))
     starts.append(time.time())
     params = sum(p.numel() for p in model.parameters())
-    _report(Path(args.out), job.rank, starts, params)
+    charlm.report(Path(args.out), job.rank, starts, params)
 
 
 def main(argv: list[str] | None = None) -> None:
