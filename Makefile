@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-CLUSTER := $(PY) -m slurm_elastic.devcluster
+CLUSTER := $(PY) -m slurm_elastic.testing.devcluster
 PYTEST_ARGS ?=
 
 .PHONY: venv demo test lint typecheck unit cluster-up cluster-down cluster-status cluster-env clean

@@ -43,11 +43,11 @@ def run_mttr(args: argparse.Namespace) -> int:
     if args.slurm and args.mode != "ddp":
         return fail("--slurm --mode fsdp: the Slurm MTTR benchmark runs the replica workload only")
     if args.slurm:
-        from slurm_elastic.bench import slurm_mttr
+        from slurm_elastic.showcase.bench import slurm_mttr
 
         result = slurm_mttr.run(nodes=args.nodes, kills=args.kills, log=log)
     else:
-        from slurm_elastic.bench.mttr import MttrPlan, run
+        from slurm_elastic.showcase.bench.mttr import MttrPlan, run
 
         result = run(MttrPlan(nodes=args.nodes, kills=args.kills, workload=args.mode), log)
     print_result(result, args.json)
@@ -55,7 +55,7 @@ def run_mttr(args: argparse.Namespace) -> int:
 
 
 def run_overhead(args: argparse.Namespace) -> int:
-    from slurm_elastic.bench.overhead import SIZES, WORKLOADS, OverheadPlan, run
+    from slurm_elastic.showcase.bench.overhead import SIZES, WORKLOADS, OverheadPlan, run
 
     known = {s.name: s for s in SIZES}
     names = [n.strip() for n in args.sizes.split(",") if n.strip()]

@@ -30,11 +30,11 @@ def run(args: argparse.Namespace) -> int:
     configure_logging("json" if args.json else "console", "WARNING")
     log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     if args.slurm:
-        from slurm_elastic.chaos_slurm import run_chaos_slurm
+        from slurm_elastic.showcase.chaos_slurm import run_chaos_slurm
 
         summary = run_chaos_slurm(args.seed, args.faults, reduce_dtype=args.reduce_dtype, log=log)
     else:
-        from slurm_elastic.chaos import run_chaos
+        from slurm_elastic.showcase.chaos import run_chaos
 
         summary = run_chaos(args.seed, args.faults, nodes=args.nodes, reduce_dtype=args.reduce_dtype, log=log)
     print_result(summary, args.json)

@@ -25,9 +25,9 @@ def run(args: argparse.Namespace) -> int:
 
     configure_logging("json" if args.json else "console", "WARNING")
     if args.slurm:
-        from slurm_elastic.slurmdemo import main as slurm_main
+        from slurm_elastic.showcase.slurmdemo import main as slurm_main
 
         return slurm_main(args.json, args.keep, args.reduce_dtype)
-    from slurm_elastic.demo import DemoPlan, main
+    from slurm_elastic.showcase.demo import DemoPlan, main
 
     return main(args.json, DemoPlan(reduce_dtype=args.reduce_dtype), workdir=args.keep)

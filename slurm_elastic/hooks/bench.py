@@ -25,13 +25,13 @@ from pathlib import Path
 from typing import Any
 
 from slurm_elastic.commands.common import print_result
-from slurm_elastic.devcluster import ClusterError, LocalCluster
 from slurm_elastic.errors import ElasticError
 from slurm_elastic.hooks.install import MIN_INTERVAL_S, InstallOptions, install, watch_for
 from slurm_elastic.jobdir import job_dir
-from slurm_elastic.metrics import median
+from slurm_elastic.showcase.metrics import median
+from slurm_elastic.showcase.workload import corpus, train_command
 from slurm_elastic.slurm import CliBackend
-from slurm_elastic.workload import corpus, train_command
+from slurm_elastic.testing.devcluster import ClusterError, LocalCluster
 
 __all__ = ["add_parser", "hooks_dir_of", "restart_cluster", "run", "run_notify"]
 

@@ -14,13 +14,11 @@ from slurm_elastic.logs import get_logger
 from .backend import SlurmBackend, srun_argv
 from .cli_backend import CliBackend
 from .errors import JobNotFound, SlurmCommandError
-from .fake import FakeSlurm
 from .hostlist import compress_hostlist, expand_hostlist
 from .records import JobInfo, NodeInfo, SlurmVersion
 
 __all__ = [
     "CliBackend",
-    "FakeSlurm",
     "JobInfo",
     "JobNotFound",
     "NodeInfo",

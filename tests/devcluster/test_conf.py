@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from slurm_elastic.devcluster.conf import (
+from slurm_elastic.errors import SlurmError
+from slurm_elastic.testing.devcluster.conf import (
     HOOK_NAMES,
     ClusterConf,
     Hooks,
@@ -15,7 +16,6 @@ from slurm_elastic.devcluster.conf import (
     render_cgroup_conf,
     render_slurm_conf,
 )
-from slurm_elastic.errors import SlurmError
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from slurm_elastic.devcluster import procs
-from slurm_elastic.devcluster.layout import ENV_STATE_DIR, Layout, default_state_dir
-from slurm_elastic.devcluster.procs import Proc
+from slurm_elastic.testing.devcluster import procs
+from slurm_elastic.testing.devcluster.layout import ENV_STATE_DIR, Layout, default_state_dir
+from slurm_elastic.testing.devcluster.procs import Proc
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.skipif(sys.platform != "linux", reason="needs /proc")]
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from slurm_elastic.devcluster import system
-from slurm_elastic.devcluster.conf import SlurmVersion
-from slurm_elastic.devcluster.shell import ClusterError, find_binary, run
+from slurm_elastic.testing.devcluster import system
+from slurm_elastic.testing.devcluster.conf import SlurmVersion
+from slurm_elastic.testing.devcluster.shell import ClusterError, find_binary, run
 
 pytestmark = pytest.mark.timeout(30)
 

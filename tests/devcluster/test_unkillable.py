@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from slurm_elastic.devcluster.layout import Layout
-from slurm_elastic.devcluster.unkillable import UNKILLABLE_STEP_PROGRAM, report_step, step_log, summarize
+from slurm_elastic.testing.devcluster.layout import Layout
+from slurm_elastic.testing.devcluster.unkillable import UNKILLABLE_STEP_PROGRAM, report_step, step_log, summarize
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.skipif(sys.platform != "linux", reason="needs /proc")]
 

@@ -13,8 +13,8 @@ import torch
 from slurm_elastic.config import JobConfig
 from slurm_elastic.data import default_corpus, prepare_data
 from slurm_elastic.faults import FaultPlan
-from slurm_elastic.metrics import max_param_rel_diff
-from slurm_elastic.scenario import Action, ScenarioResult, run_scenario
+from slurm_elastic.showcase.metrics import max_param_rel_diff
+from slurm_elastic.showcase.scenario import Action, ScenarioResult, run_scenario
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "train_char_lm.py"

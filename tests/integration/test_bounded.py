@@ -9,8 +9,8 @@ import time
 import pytest
 
 from slurm_elastic.decide import membership as m
+from slurm_elastic.testing.threadranks import ThreadJob
 from slurm_elastic.worker.comm import REAPER
-from slurm_elastic.worker.doubles import ThreadJob
 
 from .test_inthread import trainer
 

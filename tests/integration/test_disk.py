@@ -13,7 +13,7 @@ import torch
 from slurm_elastic.config import JobConfig
 from slurm_elastic.jobdir import job_dir, make_job_dir
 from slurm_elastic.launch.local import LocalJob
-from slurm_elastic.metrics import max_param_rel_diff
+from slurm_elastic.showcase.metrics import max_param_rel_diff
 
 from .conftest import EXAMPLE, STEPS, TOLERANCE, Runner
 

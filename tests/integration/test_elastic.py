@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from slurm_elastic.faults import FaultPlan
-from slurm_elastic.metrics import max_param_rel_diff
-from slurm_elastic.scenario import Action
+from slurm_elastic.showcase.metrics import max_param_rel_diff
+from slurm_elastic.showcase.scenario import Action
 
 from .conftest import EXAMPLE, SLOW, STEPS, TOLERANCE, Runner, assert_same_training, membership_changes
 

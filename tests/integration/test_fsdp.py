@@ -20,8 +20,8 @@ from slurm_elastic.events import read_events
 from slurm_elastic.faults import FaultPlan
 from slurm_elastic.launch.local import LocalJob
 from slurm_elastic.ledger import LedgerReport, analyze
-from slurm_elastic.metrics import max_param_rel_diff, tolerance
-from slurm_elastic.scenario import Action, ScenarioResult, run_scenario
+from slurm_elastic.showcase.metrics import max_param_rel_diff, tolerance
+from slurm_elastic.showcase.scenario import Action, ScenarioResult, run_scenario
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.timeout(300)]
 

@@ -15,8 +15,8 @@ from slurm_elastic.config import JobConfig
 from slurm_elastic.events import read_events
 from slurm_elastic.launch.local import LocalJob
 from slurm_elastic.ledger import analyze
-from slurm_elastic.metrics import max_param_rel_diff, tolerance
-from slurm_elastic.scenario import run_scenario
+from slurm_elastic.showcase.metrics import max_param_rel_diff, tolerance
+from slurm_elastic.showcase.scenario import run_scenario
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.timeout(300)]
 

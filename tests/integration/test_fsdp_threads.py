@@ -1,4 +1,4 @@
-"""FSDP2 (`fully_shard`) under ElasticJob with ranks as threads (worker/doubles.py): a real coordinator, real
+"""FSDP2 (`fully_shard`) under ElasticJob with ranks as threads (testing.threadranks): a real coordinator, real
 gloo groups, FSDP2's own all-gathers and reduce-scatters over them. Faults in forward, reduce-scatter and
 the commit, two ranks at once, joins and drains, a corrupted holder, a tampered transfer, and a lost shard:
 every surviving rank ends with its shard of the same model, within float32's tolerance of the same training
@@ -23,10 +23,10 @@ from slurm_elastic.decide.reshard import shard_rows
 from slurm_elastic.errors import ConfigError
 from slurm_elastic.faults import FaultPlan
 from slurm_elastic.ledger import analyze
-from slurm_elastic.metrics import max_param_rel_diff, tolerance
+from slurm_elastic.showcase.metrics import max_param_rel_diff, tolerance
+from slurm_elastic.testing.threadranks import GroupFault, RankResult, ThreadJob
 from slurm_elastic.worker import ElasticJob
 from slurm_elastic.worker.checkpoint import CheckpointError
-from slurm_elastic.worker.doubles import GroupFault, RankResult, ThreadJob
 from slurm_elastic.worker.env import WorkerEnv, worker_env
 from slurm_elastic.worker.helpers import HELPERS
 from slurm_elastic.worker.ports import Ports

@@ -26,7 +26,7 @@ from slurm_elastic.commands.jobs import status_of
 from slurm_elastic.errors import ElasticError
 from slurm_elastic.events import read_events
 from slurm_elastic.jobdir import JobHandle
-from slurm_elastic.metrics import max_param_rel_diff
+from slurm_elastic.showcase.metrics import max_param_rel_diff
 from slurm_elastic.wire import messages as msg
 
 from .conftest import BUCKET_MB, SLOW, STEPS, TOLERANCE

@@ -14,8 +14,8 @@ from torch import nn
 from torch.distributed.fsdp import fully_shard
 
 from slurm_elastic.errors import ConfigError
+from slurm_elastic.testing.threadranks import GroupFault, ThreadJob
 from slurm_elastic.worker import ElasticJob
-from slurm_elastic.worker.doubles import GroupFault, ThreadJob
 from slurm_elastic.worker.env import worker_env
 from slurm_elastic.worker.ports import Ports
 from slurm_elastic.worker.sharded.mesh import placeholder_mesh

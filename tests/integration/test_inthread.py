@@ -1,4 +1,4 @@
-"""Recovery logic with ranks as threads of this process (worker/doubles.py): a real coordinator, real gloo
+"""Recovery logic with ranks as threads of this process (testing.threadranks): a real coordinator, real gloo
 groups and state transfers, a group wrapper that fails a chosen collective. Every branch of the worker's
 "what next" reducer and every way a worker ends, in seconds each. Exact mode: every rank ends with the same
 bits as its peers, and within the exact mode's 1e-6 of the same training in one process (float64 sums of
@@ -18,9 +18,9 @@ from torch import nn
 from slurm_elastic.decide import membership as m
 from slurm_elastic.decide import worker as decide
 from slurm_elastic.ledger import analyze
-from slurm_elastic.metrics import max_param_rel_diff, tolerance
+from slurm_elastic.showcase.metrics import max_param_rel_diff, tolerance
+from slurm_elastic.testing.threadranks import GroupFault, RankResult, ThreadJob
 from slurm_elastic.worker import ElasticJob
-from slurm_elastic.worker.doubles import GroupFault, RankResult, ThreadJob
 from slurm_elastic.worker.env import WorkerEnv, worker_env
 from slurm_elastic.worker.ports import Ports
 

@@ -1,4 +1,4 @@
-"""The loop a DDP user writes, with ranks as threads (worker/doubles.py) or alone: epochs and their hooks,
+"""The loop a DDP user writes, with ranks as threads (testing.threadranks) or alone: epochs and their hooks,
 rank and world size before the loop, the user's own state in peer transfers and snapshots, a DataLoader's
 settings, and the documented error (never a finished job) for each way the loop is misused."""
 
@@ -16,10 +16,10 @@ from torch import nn
 from torch.utils.data import DataLoader, IterableDataset, WeightedRandomSampler
 
 from slurm_elastic.errors import ConfigError, UsageError
-from slurm_elastic.metrics import max_param_rel_diff, tolerance
+from slurm_elastic.showcase.metrics import max_param_rel_diff, tolerance
+from slurm_elastic.testing.threadranks import ThreadJob
 from slurm_elastic.worker import ElasticJob, ElasticLoader
 from slurm_elastic.worker.checkpoint import CheckpointError
-from slurm_elastic.worker.doubles import ThreadJob
 from slurm_elastic.worker.env import WorkerEnv, worker_env
 from slurm_elastic.worker.ports import Ports
 

@@ -16,8 +16,8 @@ import torch
 from slurm_elastic.config import JobConfig
 from slurm_elastic.decide import worker as decide
 from slurm_elastic.launch.local import LocalJob
-from slurm_elastic.metrics import max_param_rel_diff
-from slurm_elastic.worker.doubles import ThreadJob
+from slurm_elastic.showcase.metrics import max_param_rel_diff
+from slurm_elastic.testing.threadranks import ThreadJob
 
 from .conftest import SLOW, STEPS, TOLERANCE
 from .test_inthread import trainer

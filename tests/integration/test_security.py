@@ -1,5 +1,5 @@
 """A job under attack still trains to the reference result: ranks as threads around a real coordinator
-(worker/doubles.py), a rank that dies so a second generation forms through the store, and an attacker
+(slurm_elastic.testing.threadranks), a rank that dies so a second generation forms through the store, and an attacker
 without the secret on the same host the whole time: idle connections by the thousand, oversized and
 malformed frames before authentication, hellos with forged or non-hex proofs for every role, raw store
 calls, torch's TCPStore protocol. The attacker gets nothing; the survivors end with the same bits as the
@@ -23,9 +23,9 @@ import torch.distributed as dist
 from torch import nn
 
 from slurm_elastic.coordinator.refusals import refused_by_category
-from slurm_elastic.metrics import max_param_rel_diff, tolerance
+from slurm_elastic.showcase.metrics import max_param_rel_diff, tolerance
+from slurm_elastic.testing.threadranks import GroupFault, ThreadJob
 from slurm_elastic.worker import ElasticJob
-from slurm_elastic.worker.doubles import GroupFault, ThreadJob
 from slurm_elastic.worker.env import WorkerEnv, worker_env
 from slurm_elastic.worker.ports import Ports
 

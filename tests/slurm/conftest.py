@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from slurm_elastic.devcluster import LocalCluster
-from slurm_elastic.devcluster.unkillable import report_step, step_log, summarize
+from slurm_elastic.testing.devcluster import LocalCluster
+from slurm_elastic.testing.devcluster.unkillable import report_step, step_log, summarize
 
 _HERE = Path(__file__).parent
 

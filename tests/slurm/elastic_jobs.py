@@ -17,7 +17,7 @@ import torch
 from slurm_elastic.data import default_corpus, prepare_data
 from slurm_elastic.jobdir import job_dir
 from slurm_elastic.ledger import LedgerReport, analyze
-from slurm_elastic.metrics import max_param_rel_diff
+from slurm_elastic.showcase.metrics import max_param_rel_diff
 from slurm_elastic.slurm import CliBackend, JobInfo
 
 REPO = Path(__file__).resolve().parents[2]

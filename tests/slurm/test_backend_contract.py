@@ -1,7 +1,7 @@
 """The shared SlurmBackend contract against the real local cluster, through CliBackend.
 
 Needs the `slurm_cluster` fixture (tests/slurm/conftest.py, from the devcluster work): a started
-`slurm_elastic.devcluster.LocalCluster` with nodes n1..n4 in partition `train`.
+`slurm_elastic.testing.devcluster.LocalCluster` with nodes n1..n4 in partition `train`.
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from slurm_elastic.devcluster.shell import find_binary
 from slurm_elastic.slurm.cli_backend import CliBackend
-from slurm_elastic.slurm.contract import CHECKS, Harness
 from slurm_elastic.slurm.records import JobInfo
+from slurm_elastic.testing.devcluster.shell import find_binary
+from slurm_elastic.testing.slurmcontract import CHECKS, Harness
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(300)]
 

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from slurm_elastic.devcluster import LocalCluster
+from slurm_elastic.testing.devcluster import LocalCluster
 
 pytestmark = pytest.mark.timeout(600)
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_elastic.devcluster import LocalCluster, procs
+from slurm_elastic.testing.devcluster import LocalCluster, procs
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(300)]
 

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from slurm_elastic.devcluster import LocalCluster
 from slurm_elastic.slurm import CliBackend
+from slurm_elastic.testing.devcluster import LocalCluster
 
 from .elastic_jobs import ElasticSlurmJob, job_env, reference_model, submit_core
 

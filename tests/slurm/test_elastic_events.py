@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from slurm_elastic.devcluster import LocalCluster
 from slurm_elastic.faults import FaultPlan
+from slurm_elastic.testing.devcluster import LocalCluster
 
 from .elastic_jobs import ElasticSlurmJob, job_env, reference_model, submit_core
 

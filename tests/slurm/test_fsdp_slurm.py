@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from slurm_elastic.config import JobConfig
-from slurm_elastic.devcluster import LocalCluster
 from slurm_elastic.launch.local import LocalJob
-from slurm_elastic.metrics import max_param_rel_diff, tolerance
+from slurm_elastic.showcase.metrics import max_param_rel_diff, tolerance
+from slurm_elastic.testing.devcluster import LocalCluster
 
 from .elastic_jobs import REPO, ElasticSlurmJob, submit_core
 

@@ -19,12 +19,12 @@ from typing import Any
 import pytest
 
 from slurm_elastic.coordinator import CoordinatorConfig, CoordinatorThread
-from slurm_elastic.devcluster import LocalCluster
 from slurm_elastic.hooks.bench import hooks_dir_of, restart_cluster
 from slurm_elastic.hooks.check import check_installation
 from slurm_elastic.hooks.install import InstallOptions, install
 from slurm_elastic.jobdir import JobHandle, hook_comment
 from slurm_elastic.slurm import CliBackend, NodeInfo
+from slurm_elastic.testing.devcluster import LocalCluster
 from slurm_elastic.wire.channel import new_secret
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(300)]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_elastic.devcluster import LocalCluster
+from slurm_elastic.testing.devcluster import LocalCluster
 
 from .elastic_jobs import reference_model, submit_core
 

@@ -4,8 +4,9 @@ import pytest
 
 import slurm_elastic.slurm as slurm
 from slurm_elastic.errors import ConfigError
-from slurm_elastic.slurm import CliBackend, FakeSlurm, SlurmBackend, get_backend, srun_argv
+from slurm_elastic.slurm import CliBackend, SlurmBackend, get_backend, srun_argv
 from slurm_elastic.slurm.errors import SlurmRequestError
+from slurm_elastic.testing.fakeslurm import FakeSlurm
 
 
 def test_srun_argv_defaults_keep_survivors_alive() -> None:
@@ -77,6 +78,6 @@ def test_backends_satisfy_the_protocol() -> None:
 
 def test_small_public_surface() -> None:
     assert set(slurm.__all__) == {
-        "CliBackend", "FakeSlurm", "JobInfo", "JobNotFound", "NodeInfo", "SlurmBackend", "SlurmCommandError",
+        "CliBackend", "JobInfo", "JobNotFound", "NodeInfo", "SlurmBackend", "SlurmCommandError",
         "SlurmVersion", "compress_hostlist", "expand_hostlist", "get_backend", "srun_argv",
     }  # fmt: skip

@@ -1,4 +1,4 @@
-"""The shared backend contract (slurm_elastic.slurm.contract) against FakeSlurm; tests/slurm runs it
+"""The shared backend contract (slurm_elastic.testing.slurmcontract) against FakeSlurm; tests/slurm runs it
 against the real local cluster."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from slurm_elastic.slurm.contract import CHECKS, Harness
-from slurm_elastic.slurm.fake import FakeClock, FakeSlurm
 from slurm_elastic.slurm.records import JobInfo
+from slurm_elastic.testing.fakeslurm import FakeClock, FakeSlurm
+from slurm_elastic.testing.slurmcontract import CHECKS, Harness
 
 
 class FakeHarness:

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from slurm_elastic.slurm.errors import JobNotFound, SlurmCommandError, SlurmRequestError
-from slurm_elastic.slurm.fake import FakeClock, FakeSlurm
+from slurm_elastic.testing.fakeslurm import FakeClock, FakeSlurm
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from slurm_elastic.bench.fsdploop import optimizer_bytes
+from slurm_elastic.showcase.bench.fsdploop import optimizer_bytes
 
 
 def stepped(params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from slurm_elastic.bench.overhead import MODES, SIZES, WORKLOADS, Run, _summary, run_order
 from slurm_elastic.cli import build_parser
+from slurm_elastic.showcase.bench.overhead import MODES, SIZES, WORKLOADS, Run, _summary, run_order
 
 
 def test_repeats_run_the_modes_forward_then_backward() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from slurm_elastic.chaos_slurm import _last_lines, held_step
+from slurm_elastic.showcase.chaos_slurm import _last_lines, held_step
 
 
 def test_the_end_of_every_output_file_is_shown_shortened(tmp_path: Path) -> None:

@@ -162,7 +162,7 @@ def test_the_core_launcher_reads_its_agents_codes_from_the_jobs_exits(
     from slurm_elastic.config import JobConfig
     from slurm_elastic.exitmarker import fresh_core_exits, write_exit_code
     from slurm_elastic.launch.slurm import SlurmLaunch
-    from slurm_elastic.slurm.fake import FakeSlurm
+    from slurm_elastic.testing.fakeslurm import FakeSlurm
 
     monkeypatch.setenv("SLURM_ELASTIC_HOME", str(tmp_path / "home"))
     launch = SlurmLaunch(JobConfig(), ["train"], FakeSlurm("n[1-2]"), "7")

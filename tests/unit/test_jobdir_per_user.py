@@ -31,7 +31,7 @@ from slurm_elastic.jobdir import (
 )
 from slurm_elastic.launch.local import LocalJob
 from slurm_elastic.launch.slurm import SlurmLaunch
-from slurm_elastic.slurm.fake import FakeSlurm
+from slurm_elastic.testing.fakeslurm import FakeSlurm
 from slurm_elastic.wire.channel import new_secret
 
 from .test_jobdir import NOBODY, snapshot

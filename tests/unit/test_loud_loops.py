@@ -24,7 +24,7 @@ from slurm_elastic.coordinator import CoordinatorThread
 from slurm_elastic.coordinator.config import CoordinatorConfig
 from slurm_elastic.decide.worker import EXIT_JOB_FAILED
 from slurm_elastic.launch.slurm import SlurmLaunch
-from slurm_elastic.slurm.fake import FakeSlurm
+from slurm_elastic.testing.fakeslurm import FakeSlurm
 from slurm_elastic.wire import messages as msg
 from slurm_elastic.wire.channel import Channel, connect, new_secret
 from slurm_elastic.worker.comm import Interrupt

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from slurm_elastic.metrics import max_param_rel_diff, median, recovery_after
+from slurm_elastic.showcase.metrics import max_param_rel_diff, median, recovery_after
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from slurm_elastic.config import JobConfig
 from slurm_elastic.coordinator import CoordinatorThread
 from slurm_elastic.coordinator.config import CoordinatorConfig
 from slurm_elastic.launch.slurm import SlurmLaunch, satellite_name
-from slurm_elastic.slurm.fake import FakeSlurm
+from slurm_elastic.testing.fakeslurm import FakeSlurm
 from slurm_elastic.wire.channel import new_secret
 
 pytestmark = pytest.mark.timeout(60)

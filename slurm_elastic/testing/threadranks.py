@@ -32,12 +32,24 @@ from slurm_elastic.worker.env import WorkerEnv
 from slurm_elastic.worker.ports import Control, Ports
 
 
-@atexit.register
 def _settle() -> None:
     """Ranks as threads: before the interpreter's finalization, what their abandoned groups left blocked returns
     (`comm.settle`) and those groups are released (`Reaper.release_all`)."""
     settle(timeout_s=120.0)
     REAPER.release_all()
+
+
+_settle_at_exit = threading.Lock()
+_settle_registered = False
+
+
+def _settle_before_exit() -> None:
+    """Registered by the first thread rank a process starts, not at import: importing runs nothing."""
+    global _settle_registered
+    with _settle_at_exit:
+        if not _settle_registered:
+            atexit.register(_settle)
+            _settle_registered = True
 
 
 class RankDied(BaseException):
@@ -230,6 +242,7 @@ class ThreadJob:
         )
 
     def add_rank(self) -> str:
+        _settle_before_exit()
         node = f"t{self._next}"
         self._next += 1
         env = self.env(node)

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
-from slurm_elastic.bench import charlm
+from slurm_elastic.showcase.bench import charlm
 
 
 def _shard(model: torch.nn.Module, mesh: Any) -> torch.nn.Module:

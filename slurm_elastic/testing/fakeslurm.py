@@ -16,10 +16,10 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from .backend import check_node_update, filter_jobs, node_names
-from .errors import JobNotFound, SlurmCommandError, SlurmRequestError
-from .hostlist import expand_hostlist
-from .records import JOB_TERMINAL_STATES, JobInfo, NodeInfo, SlurmVersion
+from slurm_elastic.slurm.backend import check_node_update, filter_jobs, node_names
+from slurm_elastic.slurm.errors import JobNotFound, SlurmCommandError, SlurmRequestError
+from slurm_elastic.slurm.hostlist import expand_hostlist
+from slurm_elastic.slurm.records import JOB_TERMINAL_STATES, JobInfo, NodeInfo, SlurmVersion
 
 __all__ = ["FakeClock", "FakeSlurm"]
 

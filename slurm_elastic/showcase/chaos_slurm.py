@@ -24,16 +24,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from slurm_elastic.chaos import PAUSE_S, command, fault_plan, fired, verdict
 from slurm_elastic.decide.chaos import ChaosFault, plan_slurm_chaos, steps_needed
-from slurm_elastic.devcluster import LocalCluster
-from slurm_elastic.devcluster.shell import tail
 from slurm_elastic.errors import ElasticError
 from slurm_elastic.events import EventsFile
 from slurm_elastic.jobdir import job_dir, user_name
 from slurm_elastic.launch.slurm import satellites_of
+from slurm_elastic.showcase.chaos import PAUSE_S, command, fault_plan, fired, verdict
+from slurm_elastic.showcase.workload import corpus
 from slurm_elastic.slurm import CliBackend
-from slurm_elastic.workload import corpus
+from slurm_elastic.testing.devcluster import LocalCluster
+from slurm_elastic.testing.devcluster.shell import tail
 
 CORE = Path(__file__).resolve().parents[1] / "sbatch_templates" / "elastic_core.sbatch"
 SLURM_PAUSE_S = 2 * PAUSE_S  # paced, so that a node that takes seconds to start still finds the job running

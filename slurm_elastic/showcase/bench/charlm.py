@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from slurm_elastic.workload import EXAMPLES
+from slurm_elastic.showcase.workload import EXAMPLES
 
 
 def model(args: argparse.Namespace, vocab: int) -> torch.nn.Module:

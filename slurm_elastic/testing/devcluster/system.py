@@ -7,9 +7,9 @@ import pwd
 import time
 from pathlib import Path
 
-from slurm_elastic.devcluster import procs
-from slurm_elastic.devcluster.conf import SlurmVersion
-from slurm_elastic.devcluster.shell import ClusterError, find_binary, run, start_daemon, tail
+from slurm_elastic.testing.devcluster import procs
+from slurm_elastic.testing.devcluster.conf import SlurmVersion
+from slurm_elastic.testing.devcluster.shell import ClusterError, find_binary, run, start_daemon, tail
 
 __all__ = [
     "MUNGE_KEY",

@@ -15,9 +15,9 @@ from typing import Any
 import torch
 
 from slurm_elastic.config import JobConfig
-from slurm_elastic.metrics import max_param_rel_diff, tolerance
-from slurm_elastic.scenario import Action, ScenarioResult, run_scenario
-from slurm_elastic.workload import corpus, train_command
+from slurm_elastic.showcase.metrics import max_param_rel_diff, tolerance
+from slurm_elastic.showcase.scenario import Action, ScenarioResult, run_scenario
+from slurm_elastic.showcase.workload import corpus, train_command
 
 
 @dataclass(frozen=True)

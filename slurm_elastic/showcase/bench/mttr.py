@@ -26,8 +26,8 @@ from typing import Any, Literal
 from slurm_elastic.config import JobConfig
 from slurm_elastic.coordinator.records import PublicView
 from slurm_elastic.launch.local import LocalJob
-from slurm_elastic.metrics import median, recovery_after
-from slurm_elastic.workload import corpus, train_command
+from slurm_elastic.showcase.metrics import median, recovery_after
+from slurm_elastic.showcase.workload import corpus, train_command
 
 Mode = Literal["in_process", "restart"]
 Workload = Literal["ddp", "fsdp"]
@@ -74,7 +74,7 @@ def _command(plan: MttrPlan, data: Path, out: Path) -> list[str]:
         return train_command(data, 1_000_000)
     args = ["--mode", "elastic_fsdp", "--data", str(data), "--out", str(out / "loop"), "--steps", "1000000"]
     args += ["--dim", "64", "--micro-batch", "8"]  # train_char_lm.py's defaults: the ddp workload, sharded
-    return [sys.executable, "-m", "slurm_elastic.bench.steploop", *args]
+    return [sys.executable, "-m", "slurm_elastic.showcase.bench.steploop", *args]
 
 
 def measure(mode: Mode, plan: MttrPlan, data: Path, out: Path, log: Callable[[str], None]) -> ModeResult:

@@ -20,14 +20,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from slurm_elastic.devcluster import LocalCluster
 from slurm_elastic.errors import ElasticError
 from slurm_elastic.events import EventsFile
 from slurm_elastic.jobdir import job_dir, user_name
 from slurm_elastic.launch.slurm import satellites_of
-from slurm_elastic.metrics import median, recovery_after
+from slurm_elastic.showcase.metrics import median, recovery_after
+from slurm_elastic.showcase.workload import corpus, example
 from slurm_elastic.slurm import CliBackend
-from slurm_elastic.workload import corpus, example
+from slurm_elastic.testing.devcluster import LocalCluster
 
 CORE = Path(__file__).resolve().parents[2] / "sbatch_templates" / "elastic_core.sbatch"
 

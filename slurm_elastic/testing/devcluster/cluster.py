@@ -9,8 +9,8 @@ import subprocess
 import time
 from pathlib import Path
 
-from slurm_elastic.devcluster import procs, system
-from slurm_elastic.devcluster.conf import (
+from slurm_elastic.testing.devcluster import procs, system
+from slurm_elastic.testing.devcluster.conf import (
     ClusterConf,
     Hooks,
     SlurmVersion,
@@ -18,9 +18,9 @@ from slurm_elastic.devcluster.conf import (
     render_cgroup_conf,
     render_slurm_conf,
 )
-from slurm_elastic.devcluster.layout import Layout, default_state_dir
-from slurm_elastic.devcluster.shell import ClusterError, find_binary, run, start_daemon, tail
-from slurm_elastic.devcluster.unkillable import UNKILLABLE_STEP_PROGRAM
+from slurm_elastic.testing.devcluster.layout import Layout, default_state_dir
+from slurm_elastic.testing.devcluster.shell import ClusterError, find_binary, run, start_daemon, tail
+from slurm_elastic.testing.devcluster.unkillable import UNKILLABLE_STEP_PROGRAM
 
 __all__ = ["LocalCluster"]
 

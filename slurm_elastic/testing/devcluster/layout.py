@@ -16,8 +16,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from slurm_elastic.devcluster import procs
-from slurm_elastic.devcluster.procs import Proc
+from slurm_elastic.testing.devcluster import procs
+from slurm_elastic.testing.devcluster.procs import Proc
 
 __all__ = ["ENV_STATE_DIR", "Layout", "default_state_dir"]
 

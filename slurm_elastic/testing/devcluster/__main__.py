@@ -1,4 +1,4 @@
-"""`python -m slurm_elastic.devcluster {up,down,status,env}`: the local Slurm test cluster."""
+"""`python -m slurm_elastic.testing.devcluster {up,down,status,env}`: the local Slurm test cluster."""
 
 from __future__ import annotations
 
@@ -7,14 +7,14 @@ import shlex
 import sys
 from pathlib import Path
 
-from slurm_elastic.devcluster.cluster import LocalCluster
 from slurm_elastic.errors import ElasticError
+from slurm_elastic.testing.devcluster.cluster import LocalCluster
 
 EXIT_DOWN = 3
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m slurm_elastic.devcluster", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m slurm_elastic.testing.devcluster", description=__doc__)
     parser.add_argument("--dir", type=Path, default=None, help="state directory (default: <repo>/.cluster)")
     sub = parser.add_subparsers(dest="command", required=True)
     up = sub.add_parser("up", help="start the cluster (idempotent); installs packages as root if needed")

@@ -13,9 +13,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
-from .backend import SlurmBackend
-from .errors import JobNotFound
-from .records import JobInfo, SlurmVersion
+from slurm_elastic.slurm.backend import SlurmBackend
+from slurm_elastic.slurm.errors import JobNotFound
+from slurm_elastic.slurm.records import JobInfo, SlurmVersion
 
 __all__ = ["CHECKS", "Harness"]
 

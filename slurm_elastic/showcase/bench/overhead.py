@@ -27,9 +27,9 @@ from typing import Any
 from slurm_elastic.config import JobConfig
 from slurm_elastic.errors import ElasticError
 from slurm_elastic.launch.local import LocalJob
-from slurm_elastic.metrics import median
+from slurm_elastic.showcase.metrics import median
+from slurm_elastic.showcase.workload import corpus
 from slurm_elastic.worker.sharded import checksum
-from slurm_elastic.workload import corpus
 
 MODES = ("ddp", "float32", "float64", "fsdp", "elastic_fsdp")
 WORKLOADS = {"all": MODES, "ddp": MODES[:3], "fsdp": MODES[3:]}  # the modes each comparison needs
@@ -67,7 +67,7 @@ class Run:
 
 def _loop_args(plan: OverheadPlan, size: Size, data: Path, out: Path, mode: str) -> list[str]:
     return [
-        "-m", "slurm_elastic.bench.steploop", "--mode", mode, "--data", str(data), "--out", str(out),
+        "-m", "slurm_elastic.showcase.bench.steploop", "--mode", mode, "--data", str(data), "--out", str(out),
         "--steps", str(size.steps), "--dim", str(size.dim), "--layers", str(size.layers),
         "--global-batch", str(plan.global_batch), "--micro-batch", str(plan.micro_batch),
     ]  # fmt: skip

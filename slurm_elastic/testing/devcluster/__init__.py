@@ -1,6 +1,6 @@
 """A local Slurm test cluster: one slurmctld and four slurmds (n1..n4) on this machine.
 
-Command line: `python -m slurm_elastic.devcluster {up,down,status,env}` (see `make cluster-up`).
+Command line: `python -m slurm_elastic.testing.devcluster {up,down,status,env}` (see `make cluster-up`).
 From Python::
 
     cluster = LocalCluster()          # state in <repo>/.cluster, or $SLURM_ELASTIC_CLUSTER_DIR
@@ -15,15 +15,21 @@ those CPUs, so preemption tests submit with `--exclusive`. A requeued job waits 
 cred_expire), not Slurm's default 120 s; a preempted job is killed after GraceTime, but slurmctld checks
 that on a 30 s timer, so preemption takes 5 to 35 s.
 
-`python -m slurm_elastic.devcluster.capture DIR` saves literal outputs of this Slurm for parser tests.
+`python -m slurm_elastic.testing.devcluster.capture DIR` saves literal outputs of this Slurm for parser tests.
 """
 
 from __future__ import annotations
 
-from slurm_elastic.devcluster.cluster import LocalCluster
-from slurm_elastic.devcluster.conf import ClusterConf, Hooks, SlurmVersion, render_cgroup_conf, render_slurm_conf
-from slurm_elastic.devcluster.layout import default_state_dir
-from slurm_elastic.devcluster.shell import ClusterError
+from slurm_elastic.testing.devcluster.cluster import LocalCluster
+from slurm_elastic.testing.devcluster.conf import (
+    ClusterConf,
+    Hooks,
+    SlurmVersion,
+    render_cgroup_conf,
+    render_slurm_conf,
+)
+from slurm_elastic.testing.devcluster.layout import default_state_dir
+from slurm_elastic.testing.devcluster.shell import ClusterError
 
 __all__ = [
     "ClusterConf",

@@ -1,6 +1,6 @@
 """Capture literal Slurm outputs from the running local cluster, as fixtures for the Slurm text parsers.
 
-    python -m slurm_elastic.devcluster.capture OUT_DIR     # cluster up and idle (make cluster-up)
+    python -m slurm_elastic.testing.devcluster.capture OUT_DIR     # cluster up and idle (make cluster-up)
 
 It submits a running 2-node job (a name with spaces, a work dir with spaces) and a pending 4-node job,
 drains n4, sets n3 DOWN, shrinks and requeues the running job, and saves each command's output in OUT_DIR.
@@ -20,8 +20,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from slurm_elastic.devcluster.cluster import LocalCluster
 from slurm_elastic.errors import ElasticError
+from slurm_elastic.testing.devcluster.cluster import LocalCluster
 
 __all__ = ["capture"]
 
@@ -209,7 +209,7 @@ def table(rows: list[Row]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m slurm_elastic.devcluster.capture", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m slurm_elastic.testing.devcluster.capture", description=__doc__)
     parser.add_argument("out", type=Path, help="directory for the captured files")
     parser.add_argument("--dir", type=Path, default=None, help="cluster state directory")
     args = parser.parse_args(argv)

@@ -19,7 +19,7 @@ from slurm_elastic.events import read_events
 from slurm_elastic.faults import FaultPlan
 from slurm_elastic.launch.local import JobResult, LocalJob
 from slurm_elastic.ledger import LedgerReport, analyze
-from slurm_elastic.metrics import Recovery, recovery_after
+from slurm_elastic.showcase.metrics import Recovery, recovery_after
 
 ActionKind = Literal["kill_node", "add_node", "drain_node", "sigterm_node"]
 

@@ -28,8 +28,8 @@ from slurm_elastic.errors import ElasticError
 from slurm_elastic.faults import FaultPlan
 from slurm_elastic.launch.local import LocalJob
 from slurm_elastic.ledger import analyze
-from slurm_elastic.metrics import max_param_rel_diff, tolerance
-from slurm_elastic.workload import corpus, example
+from slurm_elastic.showcase.metrics import max_param_rel_diff, tolerance
+from slurm_elastic.showcase.workload import corpus, example
 
 IN_JOB = ("worker_kill", "hang", "recovery_fault", "transfer_fault")  # carried in the workers' fault plan
 PAUSE_S = 0.05  # after each step, so that faults land in the steps the plan names

@@ -21,16 +21,16 @@ from typing import Any
 
 import torch
 
-from slurm_elastic.demo import render
-from slurm_elastic.devcluster import LocalCluster
 from slurm_elastic.errors import ElasticError
 from slurm_elastic.events import EventsFile
 from slurm_elastic.jobdir import job_dir
 from slurm_elastic.launch.slurm import submit_satellite
 from slurm_elastic.ledger import analyze
-from slurm_elastic.metrics import max_param_rel_diff, recovery_after, tolerance
+from slurm_elastic.showcase.demo import render
+from slurm_elastic.showcase.metrics import max_param_rel_diff, recovery_after, tolerance
+from slurm_elastic.showcase.workload import corpus, train_command
 from slurm_elastic.slurm import CliBackend
-from slurm_elastic.workload import corpus, train_command
+from slurm_elastic.testing.devcluster import LocalCluster
 
 CORE = Path(__file__).resolve().parents[1] / "sbatch_templates" / "elastic_core.sbatch"
 STEPS = 2400

@@ -5,7 +5,7 @@ Both load batches of `micro_batch` samples, accumulate `global_batch / (world * 
 per rank and step (DDP under `no_sync` but for the last, as a DDP user writes it), and record the time
 each step starts on every rank and the rank's peak resident memory, into `<out>/rank<R>.json`.
 
-    python -m slurm_elastic.bench.steploop --mode ddp|elastic --data DIR --out DIR --steps N --dim D --layers L
+    python -m slurm_elastic.showcase.bench.steploop --mode ddp|elastic --data DIR --out DIR --steps N --dim D --layers L
 
 `--mode fsdp|elastic_fsdp`: the same with the model sharded by FSDP2 (`fsdploop.py`).
 """
@@ -21,11 +21,11 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from slurm_elastic.bench import charlm
+from slurm_elastic.showcase.bench import charlm
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m slurm_elastic.bench.steploop", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m slurm_elastic.showcase.bench.steploop", description=__doc__)
     p.add_argument("--mode", choices=("ddp", "elastic", "fsdp", "elastic_fsdp"), required=True)
     p.add_argument("--data", required=True)
     p.add_argument("--out", required=True)
@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     if args.mode in ("fsdp", "elastic_fsdp"):
-        from slurm_elastic.bench.fsdploop import run_elastic_fsdp, run_fsdp
+        from slurm_elastic.showcase.bench.fsdploop import run_elastic_fsdp, run_fsdp
 
         (run_fsdp if args.mode == "fsdp" else run_elastic_fsdp)(args)
         return
