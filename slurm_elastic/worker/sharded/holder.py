@@ -17,7 +17,7 @@ from collections import OrderedDict, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 import torch
 from torch import nn
@@ -71,6 +71,20 @@ def _unplain(value: Any) -> Any:
     return value
 
 
+class Synchronizer(Protocol):
+    """How a holder comes to hold the generation's layout (`sharded.sync.synchronize_sharded`)."""
+
+    def __call__(
+        self,
+        replica: ShardedReplica,
+        group: Group,
+        store: Any,
+        key_prefix: str,
+        members: list[str],
+        before_transfer: Callable[[], None],
+    ) -> SyncResult: ...
+
+
 class ShardedReplica:
     def __init__(
         self,
@@ -78,8 +92,11 @@ class ShardedReplica:
         optimizer: torch.optim.Optimizer,
         scheduler: Any | None,
         extra: dict[str, Any] | None = None,
+        *,
+        synchronizer: Synchronizer,
     ) -> None:
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
+        self._synchronizer = synchronizer  # given by its builder: `sharded.sync` reads this module, not the reverse
         self.extra: dict[str, Any] = extra if extra is not None else {}  # the user's dict, restored in place
         self.params = fsdp_params(model)  # fqn -> FSDPParam: stable objects, re-meshed in place
         self.step = 0
@@ -131,9 +148,7 @@ class ShardedReplica:
         before_transfer: Callable[[], None] = lambda: None,
     ) -> SyncResult:
         """Hold this rank's shards of the generation's layout at the generation's step (`sharded.sync`)."""
-        from slurm_elastic.worker.sharded.sync import synchronize_sharded
-
-        return synchronize_sharded(self, group, store, key_prefix, members, before_transfer)
+        return self._synchronizer(self, group, store, key_prefix, members, before_transfer)
 
     # --- the tensors held -----------------------------------------------------------------------------
 

@@ -29,6 +29,7 @@ from slurm_elastic.worker.comm import CollectiveFailed, Group
 from slurm_elastic.worker.sharded.collectives import StepCollectives
 from slurm_elastic.worker.sharded.holder import ShardedReplica
 from slurm_elastic.worker.sharded.remesh import is_sharded, shard_group_wanted
+from slurm_elastic.worker.sharded.sync import synchronize_sharded
 
 Report = Callable[[str, dict[str, Any]], None]
 
@@ -46,7 +47,7 @@ def sharded_step(
         return None
     if reduce_dtype not in (None, "float32"):
         raise ConfigError(f"invalid reduce_dtype {reduce_dtype!r} for a fully_shard model: FSDP2 sums in float32")
-    replica = ShardedReplica(model, optimizer, scheduler, extra)
+    replica = ShardedReplica(model, optimizer, scheduler, extra, synchronizer=synchronize_sharded)
     replica.clip = clip
     replica.shard_group_wanted = shard_group_wanted(model)
     return ShardedStep(replica)
