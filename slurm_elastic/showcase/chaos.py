@@ -63,7 +63,7 @@ def command(
 ) -> list[str]:
     """The elastic example, paced (`--pause`) and held while a joiner starts (`--hold-file`), or bounded
     to the steps the file names (`flag="--until-file"`)."""
-    paced = Path(__file__).resolve().parents[1] / "tests" / "integration" / "train_slow.py"
+    paced = Path(__file__).resolve().parents[2] / "tests" / "integration" / "train_slow.py"
     if not paced.is_file():
         raise ElasticError(f"{paced} not found: chaos runs from the source tree (pip install -e .)")
     return [sys.executable, str(paced), "--data", str(data), "--steps", str(steps), "--save", str(model),

@@ -35,7 +35,7 @@ from slurm_elastic.slurm import CliBackend
 from slurm_elastic.testing.devcluster import LocalCluster
 from slurm_elastic.testing.devcluster.shell import tail
 
-CORE = Path(__file__).resolve().parents[1] / "sbatch_templates" / "elastic_core.sbatch"
+CORE = Path(__file__).resolve().parents[2] / "sbatch_templates" / "elastic_core.sbatch"
 SLURM_PAUSE_S = 2 * PAUSE_S  # paced, so that a node that takes seconds to start still finds the job running
 
 

@@ -32,7 +32,7 @@ from slurm_elastic.showcase.workload import corpus, train_command
 from slurm_elastic.slurm import CliBackend
 from slurm_elastic.testing.devcluster import LocalCluster
 
-CORE = Path(__file__).resolve().parents[1] / "sbatch_templates" / "elastic_core.sbatch"
+CORE = Path(__file__).resolve().parents[2] / "sbatch_templates" / "elastic_core.sbatch"
 STEPS = 2400
 
 

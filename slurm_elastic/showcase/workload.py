@@ -10,7 +10,7 @@ from slurm_elastic.data import default_corpus, prepare_data
 from slurm_elastic.errors import ElasticError
 from slurm_elastic.jobdir import home
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 def example(name: str = "train_char_lm.py") -> Path:

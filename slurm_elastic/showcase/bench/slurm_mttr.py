@@ -29,7 +29,7 @@ from slurm_elastic.showcase.workload import corpus, example
 from slurm_elastic.slurm import CliBackend
 from slurm_elastic.testing.devcluster import LocalCluster
 
-CORE = Path(__file__).resolve().parents[2] / "sbatch_templates" / "elastic_core.sbatch"
+CORE = Path(__file__).resolve().parents[3] / "sbatch_templates" / "elastic_core.sbatch"
 
 
 @dataclass(frozen=True)

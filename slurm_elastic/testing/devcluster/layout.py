@@ -32,7 +32,7 @@ def default_state_dir() -> Path:
     from_env = os.environ.get(ENV_STATE_DIR)
     if from_env:
         return Path(from_env).resolve()
-    repo = Path(__file__).resolve().parents[2]
+    repo = Path(__file__).resolve().parents[3]
     if (repo / "pyproject.toml").is_file() and (repo / "slurm_elastic").is_dir():
         return repo / ".cluster"
     return Path.cwd().resolve() / ".cluster"
