@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from slurm_elastic.agent import EXIT_DRAINED_BY_SIGNAL, Agent, AgentConfig
+from slurm_elastic.decide.agent import Signalled
 from slurm_elastic.exitmarker import SATELLITE_EXITS, read_exit_code, satellite_marker
 from slurm_elastic.jobdir import job_dir, make_job_dir
 
@@ -41,7 +42,7 @@ def test_the_agent_never_writes_its_exit_code_through_a_planted_link(
         node="n1", nproc=1, coordinator="127.0.0.1:1", secret="s" * 32, job_id=f"marker-{os.getpid()}", command=["x"]
     )
     agent = Agent(config)
-    agent._signalled = True  # preempted: the code a satellite requeues on
+    agent._see(Signalled("SIGTERM"))  # preempted: the code a satellite requeues on
 
     assert agent._supervise() == EXIT_DRAINED_BY_SIGNAL  # no workers: it ends at once, and says how
 
