@@ -6,7 +6,6 @@ It never imports torch: it must start fast and stay small. One agent runs per no
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import functools
 import os
@@ -20,6 +19,16 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import IO
 
+from slurm_elastic.agentspec import (
+    DRAIN_GRACE_S,
+    HEARTBEAT_INTERVAL_S,
+    LEASE_TIMEOUT_S,
+    MAX_RESTARTS,
+    PROG,
+    AgentLaunch,
+)
+from slurm_elastic.decide import agent as phase
+from slurm_elastic.decide.agent import EXIT_DRAINED_BY_SIGNAL, EXIT_FAILED, AgentEvent, AgentPhase, AgentState
 from slurm_elastic.decide.failures import restart_decision
 from slurm_elastic.decide.health import stalled_for
 from slurm_elastic.decide.worker import EXIT_COORDINATOR_LOST
@@ -27,7 +36,7 @@ from slurm_elastic.errors import ElasticError, InvalidMessage
 from slurm_elastic.exitmarker import write_exit_code
 from slurm_elastic.jobsecret import SECRET_FD, Secret, secret_pipe
 from slurm_elastic.lineage import become_subreaper, die_with_parent, kill_adopted, reap_adopted
-from slurm_elastic.logs import drop_unwritable_output, get_logger
+from slurm_elastic.logs import configure_logging, drop_unwritable_output, get_logger
 from slurm_elastic.loops import start_thread
 from slurm_elastic.nodecache import remove_job_cache
 from slurm_elastic.wire.channel import Channel, connect
@@ -70,8 +79,7 @@ class StderrTail:
         return b"".join(self._tail).decode(errors="replace")[-MAX_STDERR_TAIL:]
 
 
-EXIT_FAILED = 1
-EXIT_DRAINED_BY_SIGNAL = 75  # EX_TEMPFAIL: preempted or told to stop by Slurm; a satellite should requeue
+__all__ = ["EXIT_DRAINED_BY_SIGNAL", "EXIT_FAILED", "Agent", "AgentConfig", "main"]
 
 
 @dataclass
@@ -82,10 +90,10 @@ class AgentConfig:
     secret: str = field(repr=False)
     job_id: str
     command: list[str]
-    max_restarts: int = 3
-    drain_grace_s: float = 60.0
-    heartbeat_interval_s: float = 1.0
-    lease_timeout_s: float = 10.0  # the coordinator silent this long: it is gone
+    max_restarts: int = MAX_RESTARTS
+    drain_grace_s: float = DRAIN_GRACE_S
+    heartbeat_interval_s: float = HEARTBEAT_INTERVAL_S
+    lease_timeout_s: float = LEASE_TIMEOUT_S  # the coordinator silent this long: it is gone
     slurm_job_id: str | None = None
     requeue_on_coordinator_loss: bool = False  # a core job's agents: losing the batch host must restart the job
     worker_env: dict[str, str] = field(default_factory=dict)
@@ -108,16 +116,17 @@ class Agent:
     def __init__(self, config: AgentConfig) -> None:
         self.config = config
         self.slots = [Slot(i) for i in range(config.nproc)]
-        self._lock = threading.Condition()
+        self._lock = threading.Condition()  # reentrant: `_see` is called with and without it held
         self._channel: Channel | None = None
-        self._draining = False
-        self._signalled = False
-        self._stop: Stop | None = None
-        self._coordinator_lost = False
+        self._state = AgentState()  # every change goes through `_see` (decide.agent)
         self._last_heard = time.monotonic()
-        self._failed_after_end: list[str] = []
-        self._hold_s: float | None = None  # the node goes back to Slurm by a shrink: wait for it (HoldNode)
-        self._failure: str | None = None  # a control thread of this agent died: why (the agent exits failed)
+
+    def _see(self, event: AgentEvent) -> phase.Transition:
+        with self._lock:
+            transition = phase.step(self._state, event)
+            self._state = transition.state
+            self._lock.notify_all()
+            return transition
 
     # --- workers --------------------------------------------------------------------------------------
 
@@ -175,15 +184,15 @@ class Agent:
         if returncode == EXIT_COORDINATOR_LOST and not (slot.expected_exit or slot.evicted):
             # The worker found the coordinator silent first: the same coordinator, the same verdict (and a
             # restart would only wait for it again).
-            self._coordinator_lost = True
+            self._see(phase.CoordinatorGone("a worker found it silent"))
         if slot.expected_exit:
             restart, reason = not self._stopping(), "restarted on request"
         else:
             decision = restart_decision(returncode, slot.restarts, self.config.max_restarts, self._stopping())
             restart, reason, delay = decision.restart, decision.reason, decision.delay_s
             slot.restarts += int(restart)
-            if returncode != 0 and self._stop is not None and not self._stop.error:
-                self._failed_after_end.append(f"{wid} exited with {returncode}")  # the job had finished
+            if returncode != 0:
+                self._see(phase.WorkerFailed(wid, returncode))
         tail = stderr_tail[-MAX_STDERR_TAIL:] if returncode != 0 or not restart else ""
         self._report(WorkerExited(worker_id=wid, returncode=returncode, will_restart=restart, stderr_tail=tail))
         log.info("worker_exited", worker=wid, returncode=returncode, restart=restart, reason=reason)
@@ -194,7 +203,7 @@ class Agent:
         self._lock.notify_all()
 
     def _stopping(self) -> bool:
-        return self._draining or self._stop is not None or self._coordinator_lost or self._failure is not None
+        return phase.stopping(self._state)
 
     def _signal_workers(self, sig: int) -> None:
         for slot in self.slots:
@@ -211,12 +220,12 @@ class Agent:
     # --- coordinator ----------------------------------------------------------------------------------
 
     def _report(self, message: WorkerExited | DrainRequest | Heartbeat | WorkerEvent) -> None:
-        if self._channel is None or self._coordinator_lost:
+        if self._channel is None or not phase.reports(self._state):
             return
         try:
             self._channel.send(message)
         except OSError:
-            self._coordinator_lost = True
+            self._see(phase.CoordinatorGone("a send failed"))
 
     def _read_loop(self) -> None:
         assert self._channel is not None
@@ -227,10 +236,7 @@ class Agent:
                 log.warning("message_dropped", node=self.config.node)
                 continue  # one bad frame costs that frame, not the connection
             except (OSError, ConnectionError, ElasticError):
-                with self._lock:
-                    if self._stop is None:
-                        self._coordinator_lost = True
-                    self._lock.notify_all()
+                self._see(phase.ConnectionClosed())
                 return
             self._last_heard = time.monotonic()
             with self._lock:
@@ -243,10 +249,9 @@ class Agent:
                             slot.expected_exit = True
                     self._signal_workers(signal.SIGKILL)
                 elif isinstance(message, Stop):
-                    self._stop = message
+                    self._see(phase.StopReceived(error=bool(message.error)))
                 elif isinstance(message, HoldNode):
-                    self._hold_s = message.hold_s
-                self._lock.notify_all()
+                    self._see(phase.HoldAsked(message.hold_s))
 
     def _kill(self, worker_id: str, reason: str) -> None:
         for slot in self.slots:
@@ -261,37 +266,34 @@ class Agent:
     def _heartbeat_loop(self) -> None:
         interval = self.config.heartbeat_interval_s
         previous = time.monotonic()
-        while not self._coordinator_lost and self._stop is None:
+        while phase.heartbeats(self._state):
             time.sleep(interval)
             now = time.monotonic()
             self._last_heard += stalled_for(previous, now, interval)  # our own stop is not its silence
             previous = now
             if now - self._last_heard > self.config.lease_timeout_s:
                 log.error("coordinator_silent", node=self.config.node, seconds=round(now - self._last_heard, 1))
-                with self._lock:
-                    self._coordinator_lost = True
-                    self._lock.notify_all()
+                self._see(phase.CoordinatorGone("its lease ran out"))
                 return
             self._report(Heartbeat(generation=0, step=-1, phase="init"))
 
     def _thread_died(self, reason: str) -> None:
         """A control thread ended with an exception (see loops): the agent cannot do its duty any more. It
         tells the coordinator why, then ends its workers and exits failed (`_supervise`)."""
-        with self._lock:
-            self._failure = self._failure or reason
-            self._lock.notify_all()
+        self._see(phase.ControlLoopDied(reason))
         self._report(WorkerEvent(kind="control_loop_failed", fields={"reason": reason}))
 
     def _on_signal(self, signum: int, frame: object) -> None:
-        self._signalled = True
-        threading.Thread(target=self.request_drain, args=(signal.Signals(signum).name,), daemon=True).start()
+        # A thread, not here: a signal handler must not wait for the lock the interrupted code may hold.
+        name = signal.Signals(signum).name
+        threading.Thread(target=self._drain, args=(phase.Signalled(name), name), daemon=True).start()
 
     def request_drain(self, reason: str) -> None:
-        with self._lock:
-            if self._draining:
-                return
-            self._draining = True
-            self._lock.notify_all()
+        self._drain(phase.DrainAsked(reason), reason)
+
+    def _drain(self, event: phase.Signalled | phase.DrainAsked, reason: str) -> None:
+        if not self._see(event).report_drain:
+            return  # already draining or ending
         log.info("node_draining", node=self.config.node, reason=reason)
         self._report(DrainRequest(nodes=[self.config.node], mode="boundary", reason=reason, source="agent"))
 
@@ -327,9 +329,9 @@ class Agent:
         drain_deadline: float | None = None
         with self._lock:
             while self._alive():
-                if self._coordinator_lost or self._failure or (self._stop is not None and self._stop.error):
+                if phase.ends_now(self._state):
                     break
-                if self._draining and drain_deadline is None:
+                if phase.drain_clock_runs(self._state) and drain_deadline is None:
                     drain_deadline = time.monotonic() + self.config.drain_grace_s
                 if drain_deadline is not None and time.monotonic() > drain_deadline:
                     log.warning("drain_timeout", node=self.config.node, grace_s=self.config.drain_grace_s)
@@ -358,37 +360,35 @@ class Agent:
         had stopped it, and nothing stops it again while the teardown still waits for srun. A task that is
         alive when the kill comes ends the ordinary way. Bounded: the job stopping or `hold_s` end it too."""
         with self._lock:
-            if self._hold_s is None or self._coordinator_lost or self._stop is not None:
+            hold_s = self._state.hold_s
+            if hold_s is None or not phase.holds_for_slurm(self._state):
                 return
-            deadline = time.monotonic() + self._hold_s
-            log.info("node_held_for_slurm", node=self.config.node, hold_s=self._hold_s)
-            while not (self._signalled or self._stop is not None or self._coordinator_lost):
+            deadline = time.monotonic() + hold_s
+            log.info("node_held_for_slurm", node=self.config.node, hold_s=hold_s)
+            while phase.holds_for_slurm(self._state):
                 if time.monotonic() >= deadline:
-                    log.warning("node_hold_expired", node=self.config.node, hold_s=self._hold_s)
+                    log.warning("node_hold_expired", node=self.config.node, hold_s=hold_s)
                     return
                 self._lock.wait(0.2)
 
     def _exit_code(self) -> int:
-        if self._failure is not None:
-            log.error("agent_failed", node=self.config.node, reason=self._failure)
-            return EXIT_FAILED
-        if self._coordinator_lost:
+        state = self._state
+        if state.phase == AgentPhase.FAILED:
+            log.error("agent_failed", node=self.config.node, reason=state.failure)
+        elif state.phase == AgentPhase.COORDINATOR_LOST:
             log.error("coordinator_lost", node=self.config.node)
+        elif state.phase == AgentPhase.FINISHED_BADLY:  # training finished, but the script failed afterwards
+            log.error("failed_after_training", node=self.config.node, workers=list(state.failed_after_end))
+        if phase.requeues_job(state, self.config.requeue_on_coordinator_loss):
             self._requeue_job()
-            return EXIT_FAILED
-        if self._stop is not None and self._stop.error:
-            return EXIT_FAILED
-        if self._failed_after_end:  # training finished, but the script failed afterwards: never a success
-            log.error("failed_after_training", node=self.config.node, workers=self._failed_after_end)
-            return EXIT_FAILED
-        return EXIT_DRAINED_BY_SIGNAL if self._signalled and self._stop is None else 0
+        return phase.exit_code(state)
 
     def _requeue_job(self) -> None:
         """The coordinator (on the batch host) vanished without a Stop. Under `sbatch --no-kill` Slurm would
         keep the job running without its batch script, so the surviving agents requeue it; it then resumes
         from its last disaster-recovery checkpoint."""
         job = self.config.slurm_job_id
-        if not (self.config.requeue_on_coordinator_loss and job):
+        if not job:
             return
         from slurm_elastic.errors import SlurmError
         from slurm_elastic.slurm import get_backend
@@ -454,25 +454,8 @@ def _join_config(core_job: str, node: str, command: list[str]) -> AgentConfig:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="slurm-elastic agent", description=__doc__)
-    parser.add_argument("--coordinator", help="HOST:PORT of the job's coordinator")
-    parser.add_argument("--job-id")
-    parser.add_argument(
-        "--join", metavar="CORE_JOB", help="join the running job CORE_JOB as extra capacity (satellite)"
-    )
-    parser.add_argument("--node", default=None, help="node name (default: SLURMD_NODENAME or the host name)")
-    parser.add_argument("--nproc", type=int, default=1)
-    parser.add_argument("--max-restarts", type=int, default=3)
-    parser.add_argument("--drain-grace-s", type=float, default=60.0)
-    parser.add_argument("--heartbeat-interval-s", type=float, default=1.0)
-    parser.add_argument("--lease-timeout-s", type=float, default=10.0)
-    parser.add_argument(
-        "--requeue-on-coordinator-loss", action="store_true", help="requeue the Slurm job if its coordinator vanishes"
-    )
-    parser.add_argument("command", nargs=argparse.REMAINDER)
-    args = parser.parse_args(argv)
-    command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    from slurm_elastic.logs import configure_logging
+    args = AgentLaunch.from_argv(sys.argv[1:] if argv is None else argv)
+    command = list(args.command)
 
     configure_logging(os.environ.get("SLURM_ELASTIC_LOG_FORMAT", "console"))  # type: ignore[arg-type]
     node = args.node or os.environ.get("SLURMD_NODENAME") or socket.gethostname()
@@ -483,8 +466,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.join:
             config = _join_config(args.join, node, command)
         else:
-            if not (args.coordinator and args.job_id and command and secret):
-                parser.error("--coordinator, --job-id, a command after -- and SLURM_ELASTIC_SECRET are required")
+            if not secret:
+                print(f"{PROG}: error: SLURM_ELASTIC_SECRET is required (the job's secret)", file=sys.stderr)
+                return 2
+            assert args.coordinator is not None and args.job_id is not None  # AgentLaunch checked them
             config = AgentConfig(
                 node=node,
                 nproc=args.nproc,
@@ -501,7 +486,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         return Agent(config).run()
     except (ElasticError, OSError) as exc:
-        print(f"slurm-elastic agent: error: {exc}", file=sys.stderr)
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
         return EXIT_FAILED
 
 

@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from slurm_elastic.agentspec import DRAIN_GRACE_S, HEARTBEAT_INTERVAL_S, LEASE_TIMEOUT_S, MAX_RESTARTS
 from slurm_elastic.errors import ConfigError
 
 ENV_PREFIX = "SLURM_ELASTIC_"
@@ -23,17 +24,17 @@ class JobConfig(BaseModel):
     min_nodes: int | None = Field(default=None, ge=1)
     host: str = "127.0.0.1"
     port: int = Field(default=0, ge=0, le=65535)
-    heartbeat_interval_s: float = Field(default=1.0, gt=0)
-    lease_timeout_s: float = Field(default=10.0, gt=0)
+    heartbeat_interval_s: float = Field(default=HEARTBEAT_INTERVAL_S, gt=0)
+    lease_timeout_s: float = Field(default=LEASE_TIMEOUT_S, gt=0)
     hang_timeout_s: float = Field(default=60.0, gt=0)
     rendezvous_timeout_s: float = Field(default=300.0, gt=0)
     pg_timeout_s: float = Field(default=60.0, gt=0)
-    max_restarts: int = Field(default=3, ge=0)
+    max_restarts: int = Field(default=MAX_RESTARTS, ge=0)
     max_relaunches: int = Field(default=3, ge=0)  # Slurm: new agents in a row on a node that came back
     max_identical_failures: int = Field(default=3, ge=1)
     recovery: Literal["in_process", "restart", "requeue"] = "in_process"
     backend: Literal["auto", "gloo", "nccl"] = "auto"
-    drain_grace_s: float = Field(default=60.0, gt=0)
+    drain_grace_s: float = Field(default=DRAIN_GRACE_S, gt=0)
     progress_interval_s: float = Field(default=10.0, gt=0)
     log_format: Literal["console", "json"] = "console"
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"

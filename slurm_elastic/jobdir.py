@@ -26,6 +26,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from slurm_elastic.agentspec import LEASE_TIMEOUT_S
 from slurm_elastic.errors import ElasticError
 from slurm_elastic.jobsecret import Secret
 
@@ -128,7 +129,7 @@ class LaunchInfo:
     drain_grace_s: float
     heartbeat_interval_s: float
     worker_env: dict[str, str]
-    lease_timeout_s: float = 10.0
+    lease_timeout_s: float = LEASE_TIMEOUT_S
     launcher: str = "slurm"  # "local": `slurm-elastic run --local` (grow and reclaim start and stop local agents)
     cwd: str | None = None  # where the training command runs (a local job's working directory)
 

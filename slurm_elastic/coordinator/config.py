@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
+from slurm_elastic.agentspec import HEARTBEAT_INTERVAL_S, LEASE_TIMEOUT_S
+
 if TYPE_CHECKING:
     from slurm_elastic.config import JobConfig
 
@@ -19,8 +21,8 @@ class CoordinatorConfig:
     host: str = "127.0.0.1"
     advertise_host: str | None = None  # the address workers should dial, when it differs from the bind address
     port: int = 0
-    heartbeat_interval_s: float = 1.0
-    lease_timeout_s: float = 10.0
+    heartbeat_interval_s: float = HEARTBEAT_INTERVAL_S
+    lease_timeout_s: float = LEASE_TIMEOUT_S
     hang_timeout_s: float = 60.0
     rendezvous_timeout_s: float = 300.0
     pg_timeout_s: float = 60.0

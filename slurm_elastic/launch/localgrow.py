@@ -15,12 +15,12 @@ import json
 import os
 import re
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from slurm_elastic.agentspec import AgentLaunch
 from slurm_elastic.errors import ElasticError
 from slurm_elastic.jobdir import LaunchInfo, home_of
 
@@ -93,7 +93,7 @@ def start_local_agents(job_id: str, job_dir: Path, count: int) -> list[LocalNode
     started = []
     for name in names:
         log = logs / f"{name}.log"
-        argv = [sys.executable, "-m", "slurm_elastic.agent", "--join", job_id, "--node", name]
+        argv = AgentLaunch(join=job_id, node=name).to_argv()
         with open(log, "ab") as out:
             proc = subprocess.Popen(
                 argv, env=env, cwd=info.cwd, start_new_session=True, stdout=out, stderr=subprocess.STDOUT

@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from slurm_elastic.agent import EXIT_DRAINED_BY_SIGNAL
+from slurm_elastic.agentspec import agent_launch
 from slurm_elastic.commands.common import fail, job_config
 from slurm_elastic.config import JobConfig, training_env
 from slurm_elastic.coordinator import CoordinatorThread
@@ -142,18 +143,9 @@ class SlurmLaunch:
         self.coordinator.coordinator.events.emit(
             "slurm_job_started", slurm_job=self.slurm_job, nodes=nodes, restart_count=info.restart_count
         )
-        agent = [
-            sys.executable, "-m", "slurm_elastic.agent",
-            "--coordinator", address,
-            "--job-id", self.slurm_job,
-            "--nproc", str(cfg.nproc_per_node),
-            "--max-restarts", str(cfg.max_restarts),
-            "--drain-grace-s", str(cfg.drain_grace_s),
-            "--heartbeat-interval-s", str(cfg.heartbeat_interval_s),
-            "--lease-timeout-s", str(cfg.lease_timeout_s),
-            *(["--requeue-on-coordinator-loss"] if cfg.requeue else []),
-            "--", *self.command,
-        ]  # fmt: skip
+        agent = agent_launch(
+            cfg, self.command, coordinator=address, job_id=self.slurm_job, requeue_on_coordinator_loss=cfg.requeue
+        ).to_argv()
         if components > 1:  # one agent per node of every component
             argv = srun_argv(agent, nodes=None, extra=(f"--het-group=0-{components - 1}", "--export=ALL"))
         else:

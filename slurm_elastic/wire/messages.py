@@ -11,6 +11,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
+from slurm_elastic.agentspec import LEASE_TIMEOUT_S
+
 WorkerId = Annotated[str, Field(min_length=1, max_length=200)]
 NodeName = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.:\-\[\],]+$")]
 Role = Literal["worker", "agent", "client", "store"]
@@ -141,7 +143,7 @@ class Finished(_Msg):
 
 class WorkerSettings(_Msg):
     heartbeat_interval_s: float = Field(gt=0)
-    lease_timeout_s: float = Field(default=10.0, gt=0)  # the coordinator silent this long: it is gone
+    lease_timeout_s: float = Field(default=LEASE_TIMEOUT_S, gt=0)  # the coordinator silent this long: it is gone
     pg_timeout_s: float = Field(gt=0)
     backend: Literal["auto", "gloo", "nccl"]
     store_prefix: str  # the rendezvous store is the coordinator's: reached at its address, role "store"
