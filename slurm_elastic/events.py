@@ -17,8 +17,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from slurm_elastic.errors import ElasticError
 from slurm_elastic.logs import DROPS, get_logger
+from slurm_elastic.waiting import wait_until
 
 log = get_logger("slurm_elastic")
 
@@ -116,8 +116,4 @@ class EventsFile:
         return int(changes[-1]["world"]) if changes else 0
 
     def wait(self, what: str, predicate: Callable[[], bool], timeout: float = 300.0) -> None:
-        deadline = time.monotonic() + timeout
-        while not predicate():
-            if time.monotonic() > deadline:
-                raise ElasticError(f"{self.label}: timed out after {timeout:.0f} s waiting for {what}")
-            time.sleep(0.2)
+        wait_until(predicate, timeout=timeout, what=f"{what} ({self.label})", poll=0.2)

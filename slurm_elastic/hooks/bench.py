@@ -32,6 +32,7 @@ from slurm_elastic.showcase.metrics import median
 from slurm_elastic.showcase.workload import corpus, train_command
 from slurm_elastic.slurm import CliBackend
 from slurm_elastic.testing.devcluster import ClusterError, LocalCluster
+from slurm_elastic.waiting import wait_until
 
 __all__ = ["add_parser", "hooks_dir_of", "restart_cluster", "run", "run_notify"]
 
@@ -75,12 +76,7 @@ class Job:
         return changes[-1]["world"] if changes else 0
 
     def wait(self, what: str, predicate: Callable[[], Any], timeout: float = 180.0) -> Any:
-        deadline = time.monotonic() + timeout
-        while not (value := predicate()):
-            if time.monotonic() > deadline:
-                raise ElasticError(f"bench notify: job {self.job_id}: timed out waiting for {what}")
-            time.sleep(0.05)
-        return value
+        return wait_until(predicate, timeout=timeout, what=f"{what} (bench notify, job {self.job_id})")
 
     def settled(self, world: int) -> None:
         """`world` nodes train: a progress report after the last membership change."""

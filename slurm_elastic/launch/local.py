@@ -10,7 +10,6 @@ import contextlib
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ from pathlib import Path
 from typing import IO
 
 from slurm_elastic.agent import EXIT_FAILED
+from slurm_elastic.agentspec import agent_launch
 from slurm_elastic.config import JobConfig, training_env
 from slurm_elastic.coordinator import CoordinatorThread
 from slurm_elastic.coordinator.config import coordinator_config
@@ -27,6 +27,7 @@ from slurm_elastic.faults import FaultPlan
 from slurm_elastic.jobdir import JobHandle, LaunchInfo, job_dir, make_job_dir, new_local_job_id
 from slurm_elastic.launch.localgrow import registered_nodes
 from slurm_elastic.nodecache import remove_job_cache
+from slurm_elastic.waiting import wait_until
 from slurm_elastic.wire.channel import new_secret
 
 
@@ -110,18 +111,7 @@ class LocalJob:
             **self.worker_env(),
             "SLURM_ELASTIC_SECRET": self.secret,
         }
-        argv = [
-            sys.executable, "-m", "slurm_elastic.agent",
-            "--coordinator", self.address,
-            "--job-id", self.job_id,
-            "--node", name,
-            "--nproc", str(cfg.nproc_per_node),
-            "--max-restarts", str(cfg.max_restarts),
-            "--drain-grace-s", str(cfg.drain_grace_s),
-            "--heartbeat-interval-s", str(cfg.heartbeat_interval_s),
-            "--lease-timeout-s", str(cfg.lease_timeout_s),
-            "--", *self.command,
-        ]  # fmt: skip
+        argv = agent_launch(cfg, self.command, coordinator=self.address, job_id=self.job_id, node=name).to_argv()
         out: IO[bytes] | None = None
         if self.log_dir is not None:
             self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -159,14 +149,23 @@ class LocalJob:
         return self.coordinator.view()
 
     def wait_until(self, predicate: Callable[[PublicView], bool], timeout: float, poll: float = 0.02) -> PublicView:
-        deadline = time.monotonic() + timeout
-        while True:
+
+        def reached() -> PublicView | None:
             view = self.view()
-            if predicate(view):
-                return view
-            if view.phase in ("failed", "finished", "suspended") or time.monotonic() > deadline:
-                raise ElasticError(f"job {self.job_id}: condition not reached (phase {view.phase}: {view.reason})")
-            time.sleep(poll)
+            return view if predicate(view) else None
+
+        return wait_until(
+            reached,
+            timeout=timeout,
+            what=f"a condition of job {self.job_id}",
+            poll=poll,
+            give_up=lambda: self.ended(),
+        )
+
+    def ended(self) -> str | None:
+        """Why nothing more will happen in this job (its phase and reason), or None while it runs."""
+        view = self.view()
+        return f"phase {view.phase}: {view.reason}" if view.phase in ("failed", "finished", "suspended") else None
 
     def wait(self, timeout: float | None = None, agents_timeout: float | None = 30.0) -> JobResult:
         """Wait for the job's end (or `cancel()`), then up to `agents_timeout` for the nodes' agents to exit."""

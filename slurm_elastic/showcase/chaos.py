@@ -30,6 +30,7 @@ from slurm_elastic.launch.local import LocalJob
 from slurm_elastic.ledger import analyze
 from slurm_elastic.showcase.metrics import max_param_rel_diff, tolerance
 from slurm_elastic.showcase.workload import corpus, example
+from slurm_elastic.waiting import wait_until
 
 IN_JOB = ("worker_kill", "hang", "recovery_fault", "transfer_fault")  # carried in the workers' fault plan
 PAUSE_S = 0.05  # after each step, so that faults land in the steps the plan names
@@ -91,12 +92,7 @@ class _Runner:
         return [e for e in self.job.coordinator.coordinator.events.all() if e["event"] == kind]
 
     def wait(self, what: str, predicate: Callable[[], bool], timeout: float = 180.0) -> None:
-        deadline = time.monotonic() + timeout
-        while not predicate():
-            view = self.job.view()
-            if view.phase in ("failed", "finished") or time.monotonic() > deadline:
-                raise ElasticError(f"chaos: waiting for {what}: job {view.phase} ({view.reason})")
-            time.sleep(0.05)
+        wait_until(predicate, timeout=timeout, what=f"{what} (chaos)", give_up=self.job.ended)
 
     def registered_nodes(self) -> set[str]:
         assert self.job.coordinator is not None

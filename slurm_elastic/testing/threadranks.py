@@ -25,6 +25,7 @@ import torch
 from slurm_elastic.coordinator import CoordinatorThread
 from slurm_elastic.coordinator.config import CoordinatorConfig
 from slurm_elastic.faults import FaultInjector, FaultPlan
+from slurm_elastic.waiting import wait_until
 from slurm_elastic.wire.channel import new_secret
 from slurm_elastic.worker.comm import REAPER, CollectiveFailed, Group, Interrupt, settle
 from slurm_elastic.worker.control import ControlClient, Identity
@@ -276,11 +277,12 @@ class ThreadJob:
         return self
 
     def wait_step(self, step: int, timeout: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout
-        while self.coordinator.view().last_step < step:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"thread job: step {step} not reached ({self.coordinator.view().reason})")
-            time.sleep(0.01)
+        wait_until(
+            lambda: self.coordinator.view().last_step >= step,
+            timeout=timeout,
+            what=f"thread job's step {step} ({self.coordinator.view().reason})",
+            poll=0.01,
+        )
 
     def join(self, timeout: float = 120.0) -> dict[str, RankResult]:
         deadline = time.monotonic() + timeout

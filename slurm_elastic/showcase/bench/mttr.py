@@ -28,6 +28,7 @@ from slurm_elastic.coordinator.records import PublicView
 from slurm_elastic.launch.local import LocalJob
 from slurm_elastic.showcase.metrics import median, recovery_after
 from slurm_elastic.showcase.workload import corpus, train_command
+from slurm_elastic.waiting import WaitTimedOut
 
 Mode = Literal["in_process", "restart"]
 Workload = Literal["ddp", "fsdp"]
@@ -53,14 +54,10 @@ class ModeResult:
 
 
 def _wait(job: LocalJob, what: str, predicate: Callable[[PublicView], bool], timeout: float = 180.0) -> PublicView:
-    deadline = time.monotonic() + timeout
-    while True:
-        view = job.view()
-        if predicate(view):
-            return view
-        if view.phase in ("failed", "finished") or time.monotonic() > deadline:
-            raise SystemExit(f"slurm-elastic bench: {job.job_id}: waiting for {what}: phase {view.phase} {view.reason}")
-        time.sleep(0.01)
+    try:
+        return job.wait_until(predicate, timeout, poll=0.01)
+    except WaitTimedOut as exc:
+        raise SystemExit(f"slurm-elastic bench: {job.job_id}: waiting for {what}: {exc}") from None
 
 
 def _step_time(view: PublicView) -> float:
