@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass
@@ -23,13 +24,29 @@ class Peer:
 
 @dataclass(frozen=True)
 class Commit:
+    """A committed step: as the coordinator recorded it, or as its `commit` event tells it."""
+
     step: int
     generation: int
     world: int
     loss: float
     samples: int
-    worker_time: float
-    received: float
+    worker_time: float  # when rank 0 committed it (its clock)
+    received: float  # when the coordinator heard of it (its clock)
+
+    @classmethod
+    def from_event(cls, event: Mapping[str, Any]) -> Commit:
+        """From a `commit` line of events.jsonl (one written before `samples` and `received` were: 0 and the
+        worker's time)."""
+        return cls(
+            step=event["step"],
+            generation=event["generation"],
+            world=event["world"],
+            loss=event["loss"],
+            samples=event.get("samples", 0),
+            worker_time=event["worker_time"],
+            received=event.get("received", event["worker_time"]),
+        )
 
 
 @dataclass

@@ -14,7 +14,7 @@ import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import asdict, replace
 from typing import Any
 
 from pydantic import BaseModel
@@ -359,15 +359,7 @@ class Coordinator:
         commit = Commit(c.step, c.generation, c.world, c.loss, c.samples, c.time, now)
         self._recent_commits.append(commit)
         if self.config.record_commits:
-            self.events.emit(
-                "commit",
-                quiet=True,
-                step=c.step,
-                loss=c.loss,
-                generation=c.generation,
-                world=c.world,
-                worker_time=c.time,
-            )
+            self.events.emit("commit", quiet=True, **asdict(commit))
         with self._view_lock:
             self._view.commits.append(commit)
             if len(self._view.commits) > MAX_COMMIT_RECORDS:  # a long run must not grow the coordinator

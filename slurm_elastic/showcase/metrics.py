@@ -5,15 +5,8 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
-
-class CommitLike(Protocol):
-    @property
-    def step(self) -> int: ...
-
-    @property
-    def worker_time(self) -> float: ...
+from slurm_elastic.coordinator.records import Commit
 
 
 @dataclass(frozen=True)
@@ -25,13 +18,13 @@ class Recovery:
     lost_steps: int = 0  # committed steps that had to be computed again
 
 
-def recovery_after(kill_time: float, commits: Sequence[CommitLike]) -> Recovery:
+def recovery_after(kill_time: float, commits: Sequence[Commit]) -> Recovery:
     """Recovery is the first commit after the kill, of a step past the last one committed before it, that
     no later commit rolls back: a checkpoint-restart can commit the step in flight and then replay it."""
     before = [c.step for c in commits if c.worker_time <= kill_time]
     last = max(before, default=0)
     after = sorted((c for c in commits if c.worker_time > kill_time), key=lambda c: c.worker_time)
-    durable: CommitLike | None = None
+    durable: Commit | None = None
     lowest_later = math.inf
     for c in reversed(after):  # a commit is durable when every later commit is of a later step
         if c.step < lowest_later and c.step > last:

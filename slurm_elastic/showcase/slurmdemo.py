@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from slurm_elastic.coordinator.records import Commit
 from slurm_elastic.errors import ElasticError
 from slurm_elastic.events import EventsFile
 from slurm_elastic.jobdir import job_dir
@@ -92,7 +93,7 @@ def run_slurm_demo(workdir: Path | None, log: Callable[[str], None], reduce_dtyp
         job.wait("the satellite to rejoin", lambda: job.world() == 3, timeout=300)
         job.wait("the end of training", job.finished, timeout=900)
         backend.cancel(satellite)
-        commits = [_Commit(e["step"], e["worker_time"]) for e in job.events("commit")]
+        commits = [Commit.from_event(e) for e in job.events("commit")]
         ref_commits = ref.events("commit")
         ledger = analyze(job.root / "ledger")
         changes = job.events("membership_change")
@@ -124,11 +125,6 @@ def run_slurm_demo(workdir: Path | None, log: Callable[[str], None], reduce_dtyp
     finally:
         if workdir is None:
             shutil.rmtree(out, ignore_errors=True)
-
-
-class _Commit:
-    def __init__(self, step: int, worker_time: float) -> None:
-        self.step, self.worker_time = step, worker_time
 
 
 def _sbatch(args: list[str]) -> str:

@@ -1,17 +1,14 @@
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pytest
 import torch
 
+from slurm_elastic.coordinator.records import Commit
 from slurm_elastic.showcase.metrics import max_param_rel_diff, median, recovery_after
 
 
-@dataclass(frozen=True)
-class C:
-    step: int
-    worker_time: float
+def C(step: int, worker_time: float) -> Commit:
+    return Commit(step, generation=1, world=1, loss=0.0, samples=0, worker_time=worker_time, received=worker_time)
 
 
 def test_recovery_is_the_first_commit_past_the_last_step_before_the_kill() -> None:
@@ -48,3 +45,11 @@ def test_param_diff() -> None:
     assert max_param_rel_diff(b, a) == pytest.approx(0.1, rel=1e-6)
     with pytest.raises(ValueError, match="differ in their tensors"):
         max_param_rel_diff({"w": a["w"]}, a)
+
+
+def test_a_commit_reads_back_from_its_event_and_from_an_older_event() -> None:
+    commit = Commit(7, generation=2, world=3, loss=1.5, samples=96, worker_time=10.0, received=10.25)
+    event = {"kind": "commit", "ts": 10.3, **commit.__dict__}
+    assert Commit.from_event(event) == commit
+    older = {"kind": "commit", "step": 7, "generation": 2, "world": 3, "loss": 1.5, "worker_time": 10.0}
+    assert Commit.from_event(older) == Commit(7, 2, 3, 1.5, samples=0, worker_time=10.0, received=10.0)

@@ -16,10 +16,10 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from slurm_elastic.coordinator.records import Commit
 from slurm_elastic.errors import ElasticError
 from slurm_elastic.events import EventsFile
 from slurm_elastic.jobdir import job_dir, user_name
@@ -32,12 +32,6 @@ from slurm_elastic.testing.devcluster import LocalCluster
 CORE = Path(__file__).resolve().parents[3] / "sbatch_templates" / "elastic_core.sbatch"
 
 
-@dataclass(frozen=True)
-class Commit:
-    step: int
-    worker_time: float
-
-
 class Run(EventsFile):
     """One core job on the local cluster, watched through its events file."""
 
@@ -46,7 +40,7 @@ class Run(EventsFile):
         self.root, self.env, self.job_id = root, env, job_id
 
     def commits(self) -> list[Commit]:
-        return [Commit(e["step"], e["worker_time"]) for e in self.events("commit")]
+        return [Commit.from_event(e) for e in self.events("commit")]
 
 
 def _submit(root: Path, mode: str, checkpoint_every: int) -> Run:
