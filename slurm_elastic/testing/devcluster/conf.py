@@ -7,11 +7,11 @@ The Slurm version decides the few lines that differ between Debian 12 (22.05) an
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from slurm_elastic.errors import SlurmError
+from slurm_elastic.slurm.records import SlurmVersion
 
 __all__ = [
     "HOOK_NAMES",
@@ -31,25 +31,6 @@ HOOK_NAMES: dict[str, str] = {
     "prolog_slurmctld": "prolog_slurmctld",
     "epilog_slurmctld": "epilog_slurmctld",
 }
-
-
-@dataclass(frozen=True, order=True)
-class SlurmVersion:
-    major: int
-    minor: int
-    patch: int = 0
-
-    @classmethod
-    def parse(cls, text: str) -> SlurmVersion:
-        """Parse `slurmctld -V` output such as 'slurm-wlm 22.05.8' or 'slurm 24.11.5'."""
-        match = re.search(r"(\d+)\.(\d+)(?:\.(\d+))?", text)
-        if match is None:
-            raise SlurmError(f"cannot read a Slurm version from {text.strip()!r} (expected e.g. 'slurm 24.11.5')")
-        major, minor, patch = match.groups()
-        return cls(int(major), int(minor), int(patch or 0))
-
-    def __str__(self) -> str:
-        return f"{self.major}.{self.minor:02d}.{self.patch}"
 
 
 @dataclass(frozen=True)
