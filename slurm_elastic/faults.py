@@ -13,8 +13,6 @@ whoever planned the faults can tell which ones fired.
 from __future__ import annotations
 
 import os
-import signal
-from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
@@ -63,7 +61,7 @@ class FaultPlan:
         """For each fault, whether a worker fired it (needs a record directory)."""
         if self.fired_dir is None:
             raise ValueError("this fault plan keeps no record of what fired (FaultPlan.recorded_in)")
-        return [_marker(self.fired_dir, i).exists() for i in range(len(self.faults))]
+        return [fired_marker(self.fired_dir, i).exists() for i in range(len(self.faults))]
 
     def kill(self, node: str, step: int, phase: FaultPhase = "forward", local_rank: int = 0) -> FaultPlan:
         """SIGKILL the worker itself."""
@@ -104,63 +102,6 @@ class FaultPlan:
             raise ConfigError(f"invalid {ENV_VAR}: {exc.errors()[0]['msg']}") from None
 
 
-class InjectedFault(RuntimeError):
-    """The exception a `raise` fault throws, standing in for a bug in user code."""
-
-
-class FaultInjector:
-    """Worker side: fires this worker's faults at their step and phase."""
-
-    def __init__(self, plan: FaultPlan, node: str, local_rank: int, incarnation: int) -> None:
-        self.corrupt: Callable[[], None] | None = None  # what a "corrupt" fault does (set by the training job)
-        self._fired_dir = plan.fired_dir
-        self._pending = [
-            (i, f)
-            for i, f in enumerate(plan.faults)
-            if f.node == node and (f.action == "kill_node" or f.local_rank == local_rank)
-            if f.incarnation == incarnation
-            if self._fired_dir is None or not _marker(self._fired_dir, i).exists()
-        ]
-
-    @property
-    def armed(self) -> bool:
-        return bool(self._pending)
-
-    def hit(self, phase: FaultPhase, step: int) -> None:
-        for i, fault in self._pending:
-            if fault.phase == phase and (fault.step == step or (fault.after and step >= fault.step)):
-                self._pending.remove((i, fault))
-                if self._claim(i):
-                    self._fire(fault)
-                return
-
-    def _claim(self, index: int) -> bool:
-        """Mark fault `index` fired (before it fires: a kill ends this process); False if another process
-        of the job already fired it."""
-        if self._fired_dir is None:
-            return True
-        try:
-            os.close(os.open(_marker(self._fired_dir, index), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
-        except FileExistsError:
-            return False
-        except OSError:
-            pass  # no record: fire anyway (the fault is what the plan asked for)
-        return True
-
-    def _fire(self, fault: Fault) -> None:
-        if fault.action == "corrupt":
-            if self.corrupt is None:
-                raise InjectedFault(f"corrupt fault at step {fault.step}: this job holds no shard to corrupt")
-            self.corrupt()
-        elif fault.action == "kill":
-            os.kill(os.getpid(), signal.SIGKILL)
-        elif fault.action == "kill_node":
-            os.killpg(os.getpgrp(), signal.SIGKILL)
-        elif fault.action == "stop":
-            os.kill(os.getpid(), signal.SIGSTOP)
-        else:
-            raise InjectedFault(f"injected fault at step {fault.step}, phase {fault.phase}")
-
-
-def _marker(fired_dir: Path, index: int) -> Path:
+def fired_marker(fired_dir: Path, index: int) -> Path:
+    """The record that fault `index` of a plan fired."""
     return fired_dir / f"fault-{index}"

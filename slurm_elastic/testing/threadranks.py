@@ -24,7 +24,8 @@ import torch
 
 from slurm_elastic.coordinator import CoordinatorThread
 from slurm_elastic.coordinator.config import CoordinatorConfig
-from slurm_elastic.faults import FaultInjector, FaultPlan
+from slurm_elastic.faults import FaultPlan
+from slurm_elastic.testing.injector import FaultInjector
 from slurm_elastic.waiting import wait_until
 from slurm_elastic.wire.channel import new_secret
 from slurm_elastic.worker.comm import REAPER, CollectiveFailed, Group, Interrupt, settle
@@ -178,7 +179,7 @@ def _ports(worker: str, node: str, faults: list[GroupFault], handles: _Handles, 
         handles.control = ControlClient(address, secret, identity, interrupt)
         return handles.control
 
-    return Ports(control=control, groups=form, faults=FaultInjector(plan, node, 0, 0), process_hooks=False)
+    return Ports(control=control, groups=form, faults=FaultInjector(plan, node, 0, 0).attach, process_hooks=False)
 
 
 @dataclass

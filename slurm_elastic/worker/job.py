@@ -36,7 +36,6 @@ from slurm_elastic.decide import worker as decide
 from slurm_elastic.decide.batching import LrRule, plan_step
 from slurm_elastic.decide.epochs import Goal, epoch_end, epoch_of, positive_int
 from slurm_elastic.errors import ConfigError, JobFailed, UsageError
-from slurm_elastic.faults import FaultInjector
 from slurm_elastic.ledger import LedgerWriter
 from slurm_elastic.logs import get_logger
 from slurm_elastic.wire.messages import AtBoundary, Finished
@@ -48,6 +47,7 @@ from slurm_elastic.worker.data import ElasticLoader, Samples, data_settings
 from slurm_elastic.worker.env import WorkerEnv, worker_env
 from slurm_elastic.worker.loadpool import LoadPool
 from slurm_elastic.worker.optguard import guard_optimizer
+from slurm_elastic.worker.phases import PhaseHooks
 from slurm_elastic.worker.ports import Ports
 from slurm_elastic.worker.prefetch import Prefetcher
 from slurm_elastic.worker.process import ProcessHooks
@@ -120,7 +120,10 @@ class ElasticJob(StepRunner):
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.extra_state: dict[str, Any] = userstate.validate(extra_state)  # the caller's dict, kept as is
         # A fully_shard (FSDP2) model: shards held twice, re-sharded from peers (docs/fsdp.md); else replicas.
-        self._sharded = sharded_step(model, optimizer, scheduler, self.extra_state, reduce_dtype, clip_grad_norm)
+        self._phases = PhaseHooks()  # where tests and chaos act (worker.phases): nothing attached unless armed
+        self._sharded = sharded_step(
+            model, optimizer, scheduler, self.extra_state, reduce_dtype, clip_grad_norm, self._phases
+        )
         self._replica = (
             self._sharded.replica if self._sharded else Replica(model, optimizer, scheduler, self.extra_state)
         )
@@ -157,10 +160,7 @@ class ElasticJob(StepRunner):
         self._interrupt = Interrupt()
         ports = ports or Ports()
         self._ports = ports
-        self._faults = ports.faults or FaultInjector(
-            self.env.faults, self.env.node, self.env.local_rank, self.env.incarnation
-        )
-        self._runtime = Runtime(self.env, ports, self._faults, self._interrupt)
+        self._runtime = Runtime(self.env, ports, self._phases, self._interrupt)
         self._boundary_due = False
         self._goal: Goal | None = None  # where the loop ends (bounds how far batches are read ahead)
         self._usage = LoopState()
@@ -180,11 +180,10 @@ class ElasticJob(StepRunner):
         self._runtime.checkpoints = self._checkpoints is not None
         self._runtime.sharded = self._sharded is not None
         if self._sharded:
-            self._sharded.attach(self._report, self._faults)
+            self._sharded.attach(self._report)
         self._ignored: set[str] = set()
         self._replica.step_fn = guard_optimizer(optimizer, lambda: self._usage.phase == "running", self._ignored_call)
-        if self._faults.armed:
-            self._install_fault_hooks()
+        self._arm_faults(ports)
 
     # --- where this replica stands (the first use joins the job) -------------------------------------
 
@@ -493,12 +492,25 @@ class ElasticJob(StepRunner):
 
     # --- faults ---------------------------------------------------------------------------------------
 
-    def _install_fault_hooks(self) -> None:
-        faults, replica = self._faults, self._replica
-        self.model.register_forward_pre_hook(lambda *_: faults.hit("forward", replica.step + 1))
-        if self._params and not self._sharded:  # a sharded job's parameters are replaced on re-shard
-            self._params[0].register_hook(lambda grad: faults.hit("backward", replica.step + 1))
-        self.optimizer.register_step_pre_hook(lambda *_: faults.hit("optimizer", replica.step + 1))
+    def _arm_faults(self, ports: Ports) -> None:
+        """A test's faults (ports), or the plan in this worker's environment where it names this worker. The
+        fault code is imported only then: an unarmed job runs none of it, and has no hooks in its model."""
+        arm = ports.faults
+        env = self.env
+        if arm is None and any(f.node == env.node for f in env.faults.faults):
+            from slurm_elastic.testing.injector import FaultInjector
+
+            arm = FaultInjector(env.faults, env.node, env.local_rank, env.incarnation).attach
+        if arm is None:
+            return
+        arm(self._phases, self._replica)
+        phases, replica = self._phases, self._replica
+        if phases.attached("forward"):
+            self.model.register_forward_pre_hook(lambda *_: phases.fire("forward", replica.step + 1))
+        if phases.attached("backward") and self._params and not self._sharded:  # sharded: params are re-made
+            self._params[0].register_hook(lambda grad: phases.fire("backward", replica.step + 1))
+        if phases.attached("optimizer"):
+            self.optimizer.register_step_pre_hook(lambda *_: phases.fire("optimizer", replica.step + 1))
 
 
 __all__ = ["ElasticJob", "JobEnded", "JobFailed", "Samples", "UsageError"]

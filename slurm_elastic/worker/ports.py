@@ -14,10 +14,10 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel
 
-from slurm_elastic.faults import FaultPhase
 from slurm_elastic.wire.messages import Phase, WorkerSettings
 from slurm_elastic.worker.comm import Group, Interrupt
 from slurm_elastic.worker.control import Announcement, ControlClient, Identity
+from slurm_elastic.worker.phases import PhaseHooks
 
 
 class Control(Protocol):
@@ -38,13 +38,9 @@ class Control(Protocol):
     def close(self) -> None: ...
 
 
-class Faults(Protocol):
-    """Fires injected faults at a step's phase (FaultInjector); `armed` says whether any are left."""
-
-    @property
-    def armed(self) -> bool: ...
-
-    def hit(self, phase: FaultPhase, step: int) -> None: ...
+# Attaches a test's or chaos's actions to the job's phase hooks, given what the rank holds (its replica or
+# shard holder): e.g. testing.injector.FaultInjector(...).attach.
+ArmFaults = Callable[[PhaseHooks, Any], None]
 
 
 ControlFactory = Callable[[str, str, Identity, Interrupt], Control]
@@ -63,5 +59,5 @@ class Ports:
     control: ControlFactory = ControlClient
     store: StoreFactory = coordinator_store
     groups: GroupFactory = Group.form
-    faults: Faults | None = None  # None: the plan in the worker's environment
+    faults: ArmFaults | None = None  # None: the plan in the worker's environment, if it names this worker
     process_hooks: bool = True  # off for ranks that are threads of one process

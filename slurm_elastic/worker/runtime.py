@@ -24,7 +24,8 @@ from slurm_elastic.wire.messages import StateLost as StateLostMessage
 from slurm_elastic.worker.comm import CollectiveFailed, Group, Interrupt, Interrupted, pick_backend
 from slurm_elastic.worker.control import ControlFailed, CoordinatorLost, Identity, JobOver
 from slurm_elastic.worker.env import WorkerEnv
-from slurm_elastic.worker.ports import Control, Faults, Ports
+from slurm_elastic.worker.phases import PhaseHooks
+from slurm_elastic.worker.ports import Control, Ports
 from slurm_elastic.worker.sync import SyncResult
 
 log = get_logger("slurm_elastic.worker")
@@ -67,10 +68,10 @@ class Entered:
 
 
 class Runtime:
-    def __init__(self, env: WorkerEnv, ports: Ports, faults: Faults, interrupt: Interrupt) -> None:
+    def __init__(self, env: WorkerEnv, ports: Ports, phases: PhaseHooks, interrupt: Interrupt) -> None:
         self.env = env
         self.ports = ports
-        self.faults = faults
+        self.phases = phases
         self.interrupt = interrupt
         self.control: Control | None = None
         self.settings: WorkerSettings | None = None
@@ -215,13 +216,13 @@ class Runtime:
             interrupt=self.interrupt,
         )
         formed = time.monotonic()
-        self.faults.hit("recovery", replica.step + 1)
+        self.phases.fire("recovery", replica.step + 1)
         result = replica.synchronize(
             self.group,
             self.store,
             settings.store_prefix,
             list(ann.ranks),
-            before_transfer=lambda: self.faults.hit("transfer", replica.step + 1),
+            before_transfer=lambda: self.phases.fire("transfer", replica.step + 1),
         )
         return Entered(ann, result, formed - started, time.monotonic() - started)
 

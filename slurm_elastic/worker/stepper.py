@@ -21,7 +21,6 @@ from slurm_elastic.decide.batching import (
     StepPlan,
 )
 from slurm_elastic.errors import UsageError
-from slurm_elastic.faults import FaultInjector
 from slurm_elastic.ledger import LedgerError, LedgerWriter
 from slurm_elastic.logs import get_logger
 from slurm_elastic.wire.messages import Committed, Phase, WorkerEvent
@@ -29,7 +28,7 @@ from slurm_elastic.worker.callbacks import Callbacks
 from slurm_elastic.worker.comm import CollectiveFailed, Interrupted
 from slurm_elastic.worker.data import Samples
 from slurm_elastic.worker.env import WorkerEnv
-from slurm_elastic.worker.ports import Faults
+from slurm_elastic.worker.phases import PhaseHooks
 from slurm_elastic.worker.prefetch import Prefetcher
 from slurm_elastic.worker.reduction import GradientReducer
 from slurm_elastic.worker.replica import Replica
@@ -66,7 +65,7 @@ class StepRunner:
     _prefetch: Prefetcher
     _ledger: LedgerWriter | None
     _checkpoints: Checkpoints | None
-    _faults: Faults | FaultInjector
+    _phases: PhaseHooks
     _dataset: Samples
     _order: SampleOrder
     _collate: Callable[[list[Any]], Any]
@@ -98,7 +97,7 @@ class StepRunner:
         if closing:
             self._contribute(step)
         if self._sharded:
-            self._faults.hit("backward", step.number)
+            self._phases.fire("backward", step.number)
             self._sharded.backward(loss, mb.weight)
             return
         assert self._reducer is not None
@@ -164,12 +163,12 @@ class StepRunner:
         number = self._replica.step + 1
         if self._sharded:
             assert rt.group is not None
-            hit = lambda kind: self._faults.hit("reduce_scatter", number) if kind == "reduce-scatter" else None  # noqa: E731
+            hit = lambda kind: self._phases.fire("reduce_scatter", number) if kind == "reduce-scatter" else None  # noqa: E731
             self._sharded.begin(rt.group, number, hit)
             return Step(self, number, self._replica.cursor, self._mine(), rt.rank, rt.world)
         assert self._reducer is not None
         group = rt.group if rt.world > 1 else None
-        self._reducer.begin(group, on_launch=lambda _bucket: self._faults.hit("bucket", number))
+        self._reducer.begin(group, on_launch=lambda _bucket: self._phases.fire("bucket", number))
         micro = self._plan.for_rank(rt.rank)
         return Step(self, number, self._replica.cursor, micro, rt.rank, rt.world)
 
@@ -195,12 +194,12 @@ class StepRunner:
     def _commit(self, attempt: Step) -> None:
         rt, replica = self._runtime, self._replica
         self.set_phase("allreduce")
-        self._faults.hit("allreduce", attempt.number)
+        self._phases.fire("allreduce", attempt.number)
         if self._sharded:
             loss, change_wanted, norm2 = self._sharded.finish(rt.change_requested())
             self.set_phase("optimizer")
-            self._faults.hit("optimizer", attempt.number)  # the job steps the shards, not the script's optimizer
-            self._faults.hit("commit", attempt.number)
+            self._phases.fire("optimizer", attempt.number)  # the job steps the shards, not the script's optimizer
+            self._phases.fire("commit", attempt.number)
             self._sharded.commit(self._plan.step_samples, norm2, self._plan.lr_factor)
         else:
             assert self._reducer is not None and isinstance(replica, Replica)
@@ -210,7 +209,7 @@ class StepRunner:
                 torch.nn.utils.clip_grad_norm_(self._params, self._clip)
             replica.optimizer_step(self._plan.lr_factor)
             self._reducer.after_optimizer()
-            self._faults.hit("commit", attempt.number)
+            self._phases.fire("commit", attempt.number)
             replica.commit(attempt.number, self._plan.step_samples)
         self._loss = loss
         if self._ledger:

@@ -331,7 +331,7 @@ def test_a_range_corrupted_in_transit_is_refused_and_sent_again_by_another_holde
                 payload[0] ^= 0xFF
 
         if job.env.node == "t2":
-            job._replica.tamper = flip  # type: ignore[union-attr]
+            job._phases.on_send(flip)  # the runtime calls it before each shard it sends (worker.phases)
 
     faults = [GroupFault("t4:0:0", 1, 9, "die")]
     job = ThreadJob(trainer(poke=tamper), nodes=4, faults=faults, reduce_dtype="float32", ledger_dir=tmp_path)

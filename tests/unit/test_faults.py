@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from slurm_elastic.errors import ConfigError
-from slurm_elastic.faults import FaultInjector, FaultPlan, InjectedFault
+from slurm_elastic.faults import FaultPlan
+from slurm_elastic.testing.injector import FaultInjector, InjectedFault
 
 
 def plan(tmp_path: Path | None = None) -> FaultPlan:

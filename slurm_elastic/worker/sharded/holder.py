@@ -27,11 +27,11 @@ from slurm_elastic.decide.layout import Layout
 from slurm_elastic.errors import ConfigError
 from slurm_elastic.worker import userstate
 from slurm_elastic.worker.comm import Group
+from slurm_elastic.worker.phases import PhaseHooks
 from slurm_elastic.worker.sharded.checksum import digest
 from slurm_elastic.worker.sharded.collectives import StepCollectives, install
 from slurm_elastic.worker.sharded.mesh import GenerationMesh
 from slurm_elastic.worker.sharded.remesh import Entry, entries, fsdp_params, local, sharded_state_keys
-from slurm_elastic.worker.sharded.transfer import Tamper
 from slurm_elastic.worker.state import from_json, to_json
 from slurm_elastic.worker.sync import SyncResult
 
@@ -94,6 +94,7 @@ class ShardedReplica:
         extra: dict[str, Any] | None = None,
         *,
         synchronizer: Synchronizer,
+        phases: PhaseHooks,
     ) -> None:
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         self._synchronizer = synchronizer  # given by its builder: `sharded.sync` reads this module, not the reverse
@@ -121,7 +122,7 @@ class ShardedReplica:
         self.mesh: GenerationMesh | None = None  # the generation's mesh the model is on (None: the script's own)
         self.clip: float | None = None
         self.checkpoint_dir: Path | None = None  # where a job that starts fresh finds its sharded checkpoints
-        self.tamper: Tamper | None = None  # tests: alters what this rank sends when re-sharding
+        self.phases = phases  # where tests act: e.g. on what this rank sends when re-sharding (worker.phases)
         self.on_refused: Callable[[str], None] | None = None  # one event per refused copy or transfer
         install(model, self._current_collectives)
 
@@ -179,15 +180,6 @@ class ShardedReplica:
         own = digest(self.own(e) for e in listed)
         mirror = digest(self.mirrored(e) for e in listed) if self.ward >= 0 and self.mirror_params else 0
         return own, mirror
-
-    def corrupt_own(self) -> None:
-        """Flip the low bits of a few bytes of this rank's own copy (a fault for tests: bad memory)."""
-        for entry in self.entries():
-            rows = self.own(entry)
-            if rows.numel():
-                raw = rows.detach().reshape(-1).view(torch.uint8)
-                raw[: min(8, raw.numel())] ^= 1
-                return
 
     def self_check(self) -> tuple[bool, bool]:
         """Whether each copy is still what was committed (always true before the first commit)."""

@@ -24,8 +24,8 @@ from typing import Any
 import torch
 
 from slurm_elastic.errors import ConfigError
-from slurm_elastic.faults import FaultInjector
 from slurm_elastic.worker.comm import CollectiveFailed, Group
+from slurm_elastic.worker.phases import PhaseHooks
 from slurm_elastic.worker.sharded.collectives import StepCollectives
 from slurm_elastic.worker.sharded.holder import ShardedReplica
 from slurm_elastic.worker.sharded.remesh import is_sharded, shard_group_wanted
@@ -41,13 +41,14 @@ def sharded_step(
     extra: dict[str, Any],
     reduce_dtype: str | None,
     clip: float | None,
+    phases: PhaseHooks,
 ) -> ShardedStep | None:
     """The step of a `fully_shard`-ed model (None for any other model), its settings checked now."""
     if not is_sharded(model):
         return None
     if reduce_dtype not in (None, "float32"):
         raise ConfigError(f"invalid reduce_dtype {reduce_dtype!r} for a fully_shard model: FSDP2 sums in float32")
-    replica = ShardedReplica(model, optimizer, scheduler, extra, synchronizer=synchronize_sharded)
+    replica = ShardedReplica(model, optimizer, scheduler, extra, synchronizer=synchronize_sharded, phases=phases)
     replica.clip = clip
     replica.shard_group_wanted = shard_group_wanted(model)
     return ShardedStep(replica)
@@ -60,11 +61,9 @@ class ShardedStep:
         self._group: Group | None = None
         self._number = 0
 
-    def attach(self, report: Report, faults: object) -> None:
-        """Refused copies become events; a "corrupt" fault flips bits in this rank's own shard."""
+    def attach(self, report: Report) -> None:
+        """Refused copies become events."""
         self.replica.on_refused = lambda line: report("shard_refused", {"detail": line, "step": self.replica.step})
-        if isinstance(faults, FaultInjector):
-            faults.corrupt = self.replica.corrupt_own
 
     def begin(self, group: Group, number: int, on_collective: Callable[[str], None]) -> None:
         self._group, self._number = group, number

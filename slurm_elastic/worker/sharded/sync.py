@@ -159,7 +159,7 @@ def _move(
             why = "; ".join((plan.reason, *refused))
             raise StateLost(f"generation {group.generation}, step {step}: {why}")
         copies = {role: c for role, c in replica.copies().items() if Holding(str(me), c[0], c[1]) in usable}
-        got = execute(group, plan, entries, copies, mine, step, round_=round_, tamper=replica.tamper)
+        got = execute(group, plan, entries, copies, mine, step, round_=round_, tamper=replica.phases.sending())
         moved += plan.bytes_moved  # every rank's sends: each rank planned the same
         if not got.refused_from:
             return got.rows, plan, moved
