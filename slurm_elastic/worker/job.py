@@ -33,17 +33,16 @@ import torch
 
 from slurm_elastic.data.order import SampleOrder
 from slurm_elastic.decide import worker as decide
-from slurm_elastic.decide.batching import LrRule, plan_step
+from slurm_elastic.decide.batching import LrRule
 from slurm_elastic.decide.epochs import Goal, epoch_end, epoch_of, positive_int
-from slurm_elastic.errors import ConfigError, JobFailed, UsageError
-from slurm_elastic.ledger import LedgerWriter
+from slurm_elastic.errors import JobFailed, UsageError
 from slurm_elastic.logs import get_logger
 from slurm_elastic.wire.messages import AtBoundary, Finished
-from slurm_elastic.worker import snapshot, userstate
+from slurm_elastic.worker import userstate
 from slurm_elastic.worker.callbacks import Callbacks, EpochHook, StepHook
-from slurm_elastic.worker.checkpoint import DisasterRecovery
+from slurm_elastic.worker.choose import choose_strategy
 from slurm_elastic.worker.comm import CollectiveFailed, Interrupt, Interrupted
-from slurm_elastic.worker.data import ElasticLoader, Samples, data_settings
+from slurm_elastic.worker.data import ElasticLoader, Samples
 from slurm_elastic.worker.env import WorkerEnv, worker_env
 from slurm_elastic.worker.loadpool import LoadPool
 from slurm_elastic.worker.optguard import guard_optimizer
@@ -51,14 +50,11 @@ from slurm_elastic.worker.phases import PhaseHooks
 from slurm_elastic.worker.ports import Ports
 from slurm_elastic.worker.prefetch import Prefetcher
 from slurm_elastic.worker.process import ProcessHooks
-from slurm_elastic.worker.reduction import DEFAULT_BUCKET_MB, GradientReducer, reduce_dtype_of
-from slurm_elastic.worker.replica import Replica
 from slurm_elastic.worker.runtime import Runtime, WorkerEnded
-from slurm_elastic.worker.sharded.checkpoint import ShardedCheckpoints
-from slurm_elastic.worker.sharded.holder import ShardedReplica
-from slurm_elastic.worker.sharded.step import sharded_step
+from slurm_elastic.worker.settings import JobSettings
 from slurm_elastic.worker.step import Step
-from slurm_elastic.worker.stepper import Checkpoints, StepRunner
+from slurm_elastic.worker.stepper import Stepper
+from slurm_elastic.worker.strategy import Held
 from slurm_elastic.worker.usage import (
     LoopName,
     LoopState,
@@ -69,7 +65,6 @@ from slurm_elastic.worker.usage import (
 )
 
 log = get_logger("slurm_elastic.worker")
-DEFAULT_PREFETCH = 4
 
 
 class JobEnded(SystemExit):
@@ -80,7 +75,7 @@ class JobEnded(SystemExit):
         self.ending = ending
 
 
-class ElasticJob(StepRunner):
+class ElasticJob:
     def __init__(
         self,
         model: torch.nn.Module,
@@ -109,80 +104,60 @@ class ElasticJob(StepRunner):
         env: WorkerEnv | None = None,
         ports: Ports | None = None,
     ) -> None:
-        if global_batch is not None and per_replica_batch is not None:
-            raise ConfigError("give global_batch (preserve the global batch) or per_replica_batch, not both")
-        data = data_settings(
-            dataset=dataset, loader=loader, micro_batch=micro_batch, collate_fn=collate_fn,
-            num_workers=num_workers, pin_memory=pin_memory, shuffle=shuffle,
-        )  # fmt: skip
         self.env = env or worker_env()
+        self._settings = settings = JobSettings.of(
+            self.env, dataset=dataset, loader=loader, micro_batch=micro_batch, global_batch=global_batch,
+            per_replica_batch=per_replica_batch, lr_rule=lr_rule, reference_world=reference_world, seed=seed,
+            shuffle=shuffle, collate_fn=collate_fn, num_workers=num_workers, pin_memory=pin_memory,
+            clip_grad_norm=clip_grad_norm, reduce_dtype=reduce_dtype, bucket_mb=bucket_mb, prefetch=prefetch,
+            resume_from=resume_from, keep_checkpoints=keep_checkpoints,
+        )  # fmt: skip
+        data = settings.data
         self.seed = seed
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.extra_state: dict[str, Any] = userstate.validate(extra_state)  # the caller's dict, kept as is
-        # A fully_shard (FSDP2) model: shards held twice, re-sharded from peers (docs/fsdp.md); else replicas.
         self._phases = PhaseHooks()  # where tests and chaos act (worker.phases): nothing attached unless armed
-        self._sharded = sharded_step(
-            model, optimizer, scheduler, self.extra_state, reduce_dtype, clip_grad_norm, self._phases
-        )
-        self._replica = (
-            self._sharded.replica if self._sharded else Replica(model, optimizer, scheduler, self.extra_state)
-        )
-        self._replica.reference_world = reference_world
+        self._interrupt = Interrupt()
+        self._ports = ports = ports or Ports()
+        self._runtime = Runtime(self.env, ports, self._phases, self._interrupt)
+        # A fully_shard (FSDP2) model: shards held twice, re-sharded from peers (docs/fsdp.md); else replicas.
+        self._strategy = strategy = choose_strategy(
+            model, optimizer, scheduler, self.extra_state, settings,
+            phases=self._phases, change_requested=self._runtime.change_requested, report=self._runtime.report,
+        )  # fmt: skip
+        self._held: Held = strategy.held
+        self._held.reference_world = reference_world
         self._dataset = data.dataset
         self._order = SampleOrder(len(data.dataset), seed, shuffle=data.shuffle)
-        self._collate = data.collate
-        self._clip = clip_grad_norm
-        self._global_batch, self._per_replica, self._micro = global_batch, per_replica_batch, data.micro_batch
-        self._lr_rule: LrRule = lr_rule
-        self._plan = plan_step(self._policy(), 1)  # validates the batch arguments now, with a clear error
-        params = [p for p in model.parameters() if p.requires_grad]
-        device = params[0].device if params else torch.device("cpu")
-        dtype = reduce_dtype_of("float32" if self._sharded else reduce_dtype or self.env.reduce_dtype or "float32")
-        bucket = bucket_mb or self.env.bucket_mb or DEFAULT_BUCKET_MB
-        self._reducer = None if self._sharded else GradientReducer(params, dtype, bucket_mb=bucket)
-        depth = prefetch if prefetch is not None else self.env.prefetch
-        keep = positive_int("keep_checkpoints", keep_checkpoints) if keep_checkpoints is not None else None
-        keep = keep or self.env.checkpoint_keep or 2
         if isinstance(loader, ElasticLoader):
             loader.bind(self)  # (every argument is checked before the loader processes start)
         pool = None
         if data.num_workers:  # forked now, before any process group or control thread exists
             pool = LoadPool(self._load_batch, data.num_workers, seed=seed, worker_init=data.worker_init)
-        self._prefetch = Prefetcher(
-            self._load_batch,
-            max(DEFAULT_PREFETCH, 2 * data.num_workers) if depth is None else depth,
-            pin_memory=data.pin_memory and device.type == "cuda",
-            pool=pool,
+        params = [p for p in model.parameters() if p.requires_grad]
+        device = params[0].device if params else torch.device("cpu")
+        prefetcher = Prefetcher(
+            self._load_batch, settings.prefetch, pin_memory=data.pin_memory and device.type == "cuda", pool=pool
         )
-        # The replicated path's parameters (clipping, fault hooks). A sharded job's are replaced when it moves
-        # onto a generation's mesh: holding these would keep the script's whole placeholder-mesh model alive.
-        self._params = [] if self._sharded else params
-        self._interrupt = Interrupt()
-        ports = ports or Ports()
-        self._ports = ports
-        self._runtime = Runtime(self.env, ports, self._phases, self._interrupt)
-        self._boundary_due = False
+        ckpt = self.env.checkpoint_dir
+        checkpoints = (
+            strategy.checkpoints(
+                ckpt, self.env.checkpoint_every, self.env.checkpoint_background, self._runtime.report,
+                settings.keep_checkpoints,
+            ) if ckpt else None
+        )  # fmt: skip
+        self._runtime.checkpoints = checkpoints is not None
+        self._runtime.every_rank_saves = strategy.every_rank_saves
         self._goal: Goal | None = None  # where the loop ends (bounds how far batches are read ahead)
         self._usage = LoopState()
         self._hooks = Callbacks(len(data.dataset))
+        self._stepper = Stepper(settings, self._runtime, strategy, prefetcher, checkpoints, self._phases,
+                                self._usage, self._hooks)  # fmt: skip
         self._attempt: Step | None = None  # the step whose micro-batches job.backward() serves
-        self._live: Step | None = None  # the step attempt between its start and its commit (or abort)
-        self._loss: float | None = None
         self._process = ProcessHooks(self.env.node, self.env.worker_id, self._runtime.send, enabled=ports.process_hooks)
         self._started = False
-        self._ledger: LedgerWriter | None = None  # opened once the job's run number is known
-        self._resume_from = Path(resume_from) if resume_from is not None else None
-        ckpt = self.env.checkpoint_dir
-        kind = ShardedCheckpoints if self._sharded else DisasterRecovery
-        self._checkpoints: Checkpoints | None = (
-            kind(ckpt, self.env.checkpoint_every, self.env.checkpoint_background, self._report, keep) if ckpt else None
-        )
-        self._runtime.checkpoints = self._checkpoints is not None
-        self._runtime.sharded = self._sharded is not None
-        if self._sharded:
-            self._sharded.attach(self._report)
         self._ignored: set[str] = set()
-        self._replica.step_fn = guard_optimizer(optimizer, lambda: self._usage.phase == "running", self._ignored_call)
+        self._held.step_fn = guard_optimizer(optimizer, lambda: self._usage.phase == "running", self._ignored_call)
         self._arm_faults(ports)
 
     # --- where this replica stands (the first use joins the job) -------------------------------------
@@ -206,28 +181,28 @@ class ElasticJob(StepRunner):
     def step(self) -> int:
         """Committed optimizer steps (of the whole run, resumed ones included)."""
         self._join()
-        return self._replica.step
+        return self._held.step
 
     @property
     def cursor(self) -> int:
         """Committed position in the global sample stream."""
         self._join()
-        return self._replica.cursor
+        return self._held.cursor
 
     @property
     def epoch(self) -> int:
         """The epoch the next sample belongs to: cursor // len(dataset), the same on every rank."""
         self._join()
-        return epoch_of(self._replica.cursor, self._order.num_samples)
+        return epoch_of(self._held.cursor, self._order.num_samples)
 
     @property
     def loss(self) -> float | None:
         """The last committed step's mean loss over its whole global batch (the same on every rank)."""
-        return self._loss
+        return self._stepper.loss
 
     @property
     def reduce_dtype(self) -> str:
-        return self._reducer.reduce_dtype if self._reducer else "float32"
+        return self._strategy.reduce_dtype
 
     # --- the training loop ----------------------------------------------------------------------------
 
@@ -273,27 +248,27 @@ class ElasticJob(StepRunner):
         `ElasticJob(..., resume_from=path)` starts from it. Call it between steps: on one rank (a file), or
         on every rank for a `fully_shard` model (a directory of shards, docs/fsdp.md)."""
         self._join()
-        if self._live is not None:
-            raise save_during_step(self._live.number)
-        return snapshot.save(self._replica, Path(path))
+        if self._stepper.live is not None:
+            raise save_during_step(self._stepper.live.number)
+        self._strategy.save(Path(path))
+        log.info("snapshot_saved", path=str(path), step=self._held.step)
+        return Path(path)
 
     def micro_batches_per_epoch(self) -> int:
         """This rank's micro-batches in one epoch at the current world size (`len(loader)`)."""
         self._join()
-        plan = self._plan
+        plan = self._stepper.plan
         steps = -(-self._order.num_samples // plan.step_samples)
-        return steps * len(self._mine())
+        return steps * len(self._stepper.mine())
 
     def interrupted(self) -> bool:
         return self._interrupt.is_set()
 
     def close(self) -> None:
-        self._prefetch.close()
-        if self._checkpoints:
-            self._checkpoints.close()
-        if self._ledger:
-            self._ledger.close()
-            self._ledger = None
+        self._stepper.prefetch.close()
+        if self._stepper.checkpoints:
+            self._stepper.checkpoints.close()
+        self._stepper.close_ledger()
         self._runtime.close()
 
     # --- how the loops run ----------------------------------------------------------------------------
@@ -302,6 +277,10 @@ class ElasticJob(StepRunner):
         if name not in self._ignored:
             self._ignored.add(name)
             log.info("optimizer_call_ignored", call=f"optimizer.{name}()", why="the job steps once per global batch")
+
+    def _load_batch(self, start: int, size: int) -> Any:
+        """The samples at stream positions [start, start + size), collated (run by the prefetcher or its pool)."""
+        return self._settings.data.collate([self._dataset[int(i)] for i in self._order.indices(start, size)])
 
     def _join(self) -> None:
         self._usage.usable()
@@ -312,10 +291,10 @@ class ElasticJob(StepRunner):
                 self._end(ended.ending)
 
     def _open(self, name: LoopName, goal: Goal) -> None:
-        self._usage.open(name, self._replica.step)
+        self._usage.open(name, self._held.step)
         self._goal = goal
         if self._started:
-            self._prefetch.plan(self._schedule())  # joined before the loop: now the loop's length is known
+            self._stepper.prefetch.plan(self._schedule())  # joined before the loop: now the loop's length is known
 
     def _guarded(self, name: LoopName, inner: Iterator[Any]) -> Iterator[Any]:
         try:
@@ -328,14 +307,13 @@ class ElasticJob(StepRunner):
         """The script dropped a loop before its end: this rank cannot take part in the step any more."""
         if self._usage.phase != "running":
             return
-        step = self._replica.step + 1
+        step = self._held.step + 1
         error = left_early(name, step)
         self._usage.broke(error)
         log.error("loop_left_early", worker=self.env.worker_id, step=step, error=str(error))
 
         def leave() -> None:
-            if self._reducer:
-                self._reducer.abandon()
+            self._strategy.abandon()
             self._runtime.abandon()
             self.close()
 
@@ -352,10 +330,10 @@ class ElasticJob(StepRunner):
     def _epoch_loop(self, total: int) -> Iterator[int]:
         self._join()
         n = self._order.num_samples
-        while (epoch := epoch_of(self._replica.cursor, n)) < total:
+        while (epoch := epoch_of(self._held.cursor, n)) < total:
             self._usage.enter_epoch(epoch)
             yield epoch
-            self._usage.leave_epoch(epoch, ended=self._replica.cursor >= epoch_end(epoch, n))
+            self._usage.leave_epoch(epoch, ended=self._held.cursor >= epoch_end(epoch, n))
         for _ in self._attempts(final=True):  # recover if needed, then the job's final barrier
             raise RuntimeError("slurm-elastic: a step is left after the last epoch ended")
 
@@ -369,15 +347,15 @@ class ElasticJob(StepRunner):
             detail = ""
             while True:
                 situation = decide.Situation(
-                    self._replica.step, until.steps, outcome, self._runtime.superseded(), self._boundary_due,
-                    detail, cursor=self._replica.cursor, cursor_goal=until.samples,
+                    self._held.step, until.steps, outcome, self._runtime.superseded(), self._stepper.boundary_due,
+                    detail, cursor=self._held.cursor, cursor_goal=until.samples,
                 )  # fmt: skip
                 outcome, detail = "none", ""
                 match decide.next_move(situation):
                     case decide.RunStep():
-                        attempt = self._live = self._new_attempt()
+                        attempt = self._stepper.new_attempt()
                         yield attempt
-                        outcome, detail = self._conclude(attempt)
+                        outcome, detail = self._stepper.conclude(attempt)
                     case decide.Recover(patient=patient):
                         self._recover(patient=patient)
                     case decide.CrossBoundary():
@@ -385,7 +363,7 @@ class ElasticJob(StepRunner):
                     case decide.Finish():
                         if final:
                             self._finish()
-                            self._usage.finish(self._replica.step)
+                            self._usage.finish(self._held.step)
                         return
         except WorkerEnded as ended:
             self._end(ended.ending)
@@ -398,18 +376,15 @@ class ElasticJob(StepRunner):
         self._started = True
         env = self.env
         if env.standalone:
-            self._open_ledger(env.run)
+            self._stepper.open_ledger(env.ledger_dir, env.worker_id, env.run)
             self._load_initial_state()
-            alone = self._runtime.solo()
-            held = self._replica
-            if isinstance(held, ShardedReplica) and held.checkpoint_dir is not None:  # read as a generation would
-                held.synchronize(alone, None, "", [env.worker_id])
-            self._replica.fresh = False
+            self._strategy.start_alone(self._runtime.solo(), env.worker_id)
+            self._held.fresh = False
             self._entered()
-            self._hooks.settled(self._replica.cursor)
+            self._hooks.settled(self._held.cursor)
             return
         settings = self._runtime.register(-1)
-        self._open_ledger(settings.run)
+        self._stepper.open_ledger(env.ledger_dir, env.worker_id, settings.run)
         if settings.load_checkpoint:  # the job (re)starts; a joiner's state is never on disk
             self._load_initial_state()
         if self._ports.process_hooks:
@@ -418,47 +393,44 @@ class ElasticJob(StepRunner):
 
     def _load_initial_state(self) -> None:
         """The job's own latest disaster-recovery checkpoint, else the user's `resume_from` snapshot if it exists."""
-        if self._checkpoints and self._checkpoints.load_into(self._replica):
+        checkpoints, path = self._stepper.checkpoints, self._settings.resume_from
+        if checkpoints and checkpoints.load_into(self._held):
             return
-        if self._resume_from is not None:
-            snapshot.resume(self._replica, self._resume_from)
-
-    def _open_ledger(self, run: int) -> None:
-        # The run is the whole job's (requeues of the core job), never a satellite's own restart count.
-        if self.env.ledger_dir is not None:
-            self._ledger = LedgerWriter(self.env.ledger_dir, self.env.worker_id, run)
+        if path is not None and not path.exists():
+            log.info("no_snapshot_to_resume", path=str(path))  # a first run: it starts fresh
+        elif path is not None:
+            self._strategy.resume(path)
 
     def _recover(self, *, patient: bool) -> None:
-        if self._reducer:
-            self._reducer.abandon()  # an abandoned sum may still write into the old buffers
-        entered = self._runtime.recover(self._replica, patient=patient)
+        self._strategy.abandon()
+        entered = self._runtime.recover(self._held, patient=patient)
         self._entered()
-        self._hooks.settled(self._replica.cursor)  # a rank healed past an epoch's end runs its hooks
-        self._runtime.report_generation(entered, self._generation_fields())
+        self._hooks.settled(self._held.cursor)  # a rank healed past an epoch's end runs its hooks
+        self._runtime.report_generation(entered, self._stepper.generation_fields())
 
     def _entered(self) -> None:
         """A generation is formed: plan its steps and the batches this rank will read."""
-        if self._replica.reference_world is None:
-            self._replica.reference_world = self._runtime.world
-        if self._global_batch is None and self._per_replica is None and self._replica.global_batch is None:
-            self._replica.global_batch = self._micro * self._runtime.world  # DDP's per-rank batch x world, kept
-        self._plan = plan_step(self._policy(), self._runtime.world)
-        self._boundary_due = False
-        self._prefetch.plan(self._schedule())
+        if self._held.reference_world is None:
+            self._held.reference_world = self._runtime.world
+        asked = self._settings.global_batch is not None or self._settings.per_replica_batch is not None
+        if not asked and self._held.global_batch is None:  # DDP's per-rank batch x world, kept
+            self._held.global_batch = self._settings.data.micro_batch * self._runtime.world
+        self._stepper.replan()
+        self._stepper.prefetch.plan(self._schedule())
 
     def _schedule(self) -> Iterator[tuple[int, int]]:
-        plan, cursor, goal = self._plan, self._replica.cursor, self._goal
+        plan, cursor, goal = self._stepper.plan, self._held.cursor, self._goal
         if goal is None:  # joined before the loop started: planned again when it does
             return
-        mine = self._mine()
-        for k in range(goal.steps_left(self._replica.step, cursor, plan.step_samples)):
+        mine = self._stepper.mine()
+        for k in range(goal.steps_left(self._held.step, cursor, plan.step_samples)):
             base = cursor + k * plan.step_samples
             for mb in mine:
                 yield base + mb.offset, mb.size
 
     def _cross_boundary(self) -> None:
-        self.set_phase("boundary")
-        self._runtime.send(AtBoundary(generation=self._runtime.generation, step=self._replica.step))
+        self._stepper.set_phase("boundary")
+        self._runtime.send(AtBoundary(generation=self._runtime.generation, step=self._held.step))
         self._recover(patient=True)
 
     def _finish(self) -> None:
@@ -467,23 +439,23 @@ class ElasticJob(StepRunner):
             try:
                 group = self._runtime.group
                 if group:
-                    step = torch.tensor([float(self._replica.step)], dtype=torch.float64, device=group.device)
+                    step = torch.tensor([float(self._held.step)], dtype=torch.float64, device=group.device)
                     group.allreduce_(step)
                 break
             except (Interrupted, CollectiveFailed):
                 self._recover(patient=False)
-        self.set_phase("done")
-        self._runtime.send(Finished(generation=self._runtime.generation, step=self._replica.step))
-        if self._checkpoints:
-            self._checkpoints.save_now(self._replica)
+        self._stepper.set_phase("done")
+        self._runtime.send(Finished(generation=self._runtime.generation, step=self._held.step))
+        if self._stepper.checkpoints:
+            self._stepper.checkpoints.save_now(self._held)
         self.close()
 
     def _end(self, ending: decide.Ending) -> NoReturn:
         """The one way a worker's process ends (see the module's docstring)."""
-        if ending.save_checkpoint and self._checkpoints:
-            self._checkpoints.save_now(self._replica)  # a suspended job resumes from here
+        if ending.save_checkpoint and self._stepper.checkpoints:
+            self._stepper.checkpoints.save_now(self._held)  # a suspended job resumes from here
         log_at = log.error if ending.code else log.info
-        step = self._replica.step
+        step = self._held.step
         log_at("worker_ending", worker=self.env.worker_id, kind=ending.kind, reason=ending.reason, step=step)
         self._usage.end(ending.kind)
         self.close()
@@ -503,12 +475,12 @@ class ElasticJob(StepRunner):
             arm = FaultInjector(env.faults, env.node, env.local_rank, env.incarnation).attach
         if arm is None:
             return
-        arm(self._phases, self._replica)
-        phases, replica = self._phases, self._replica
+        arm(self._phases, self._held)
+        phases, replica = self._phases, self._held
         if phases.attached("forward"):
             self.model.register_forward_pre_hook(lambda *_: phases.fire("forward", replica.step + 1))
-        if phases.attached("backward") and self._params and not self._sharded:  # sharded: params are re-made
-            self._params[0].register_hook(lambda grad: phases.fire("backward", replica.step + 1))
+        if phases.attached("backward"):
+            self._strategy.hook_backward_phase()
         if phases.attached("optimizer"):
             self.optimizer.register_step_pre_hook(lambda *_: phases.fire("optimizer", replica.step + 1))
 

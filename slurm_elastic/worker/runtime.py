@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from pydantic import BaseModel
 
@@ -26,6 +25,7 @@ from slurm_elastic.worker.control import ControlFailed, CoordinatorLost, Identit
 from slurm_elastic.worker.env import WorkerEnv
 from slurm_elastic.worker.phases import PhaseHooks
 from slurm_elastic.worker.ports import Control, Ports
+from slurm_elastic.worker.strategy import Held
 from slurm_elastic.worker.sync import SyncResult
 
 log = get_logger("slurm_elastic.worker")
@@ -33,20 +33,6 @@ log = get_logger("slurm_elastic.worker")
 # How long a worker whose collective failed waits for the coordinator's new generation before asking
 # for one itself (the usual path, a lost peer, brings the generation in milliseconds).
 FAULT_GRACE_S = 1.0
-
-
-class Held(Protocol):
-    """The training state a worker holds (a full replica, or shards): what recovery needs of it."""
-
-    step: int
-    fresh: bool
-
-    @property
-    def committed_step(self) -> int: ...
-
-    def synchronize(
-        self, group: Group, store: Any, key_prefix: str, members: list[str], before_transfer: Callable[[], None]
-    ) -> SyncResult: ...
 
 
 class WorkerEnded(Exception):
@@ -79,7 +65,7 @@ class Runtime:
         self.store: Any = None
         self.generation, self.rank, self.world = 0, 0, 1
         self.checkpoints = False  # whether this worker writes disaster-recovery checkpoints
-        self.sharded = False  # whether every rank writes its part of them (a sharded job)
+        self.every_rank_saves = False  # whether every rank writes its part of them (a sharded job)
         self._backend = "gloo"
 
     # --- life cycle -----------------------------------------------------------------------------------
@@ -134,6 +120,11 @@ class Runtime:
         if self.control is not None:
             self.control.send(message)
 
+    def report(self, kind: str, fields: dict[str, Any]) -> None:
+        """One structured event about this worker, through the coordinator (and this process's log)."""
+        log.warning(kind, worker=self.env.worker_id, **fields)
+        self.send(WorkerEvent(kind=kind, fields=fields))  # the coordinator adds the worker's id
+
     # --- generations ----------------------------------------------------------------------------------
 
     def abandon(self) -> None:
@@ -185,7 +176,7 @@ class Runtime:
                 rank=self.rank,
                 holds_state=holds,
                 checkpoints=self.checkpoints,
-                sharded=self.sharded,
+                sharded=self.every_rank_saves,
             )
             raise WorkerEnded(ending)
         assert isinstance(ann, Assign)

@@ -171,3 +171,39 @@ print(json.dumps({{"modules": len(names), "atexit": registered, "threads": start
     assert seen["modules"] > 50  # the walk really imported the package
     assert seen["atexit"] == [], f"atexit hooks registered at import: {seen['atexit']}"
     assert seen["threads"] == [], f"threads started at import: {seen['threads']}"
+
+
+def _torch_imports(tree: ast.AST) -> set[str]:
+    """The torch modules a module imports, at any depth outside `if TYPE_CHECKING:` blocks."""
+    found: set[str] = set()
+    stack: list[ast.AST] = [tree]
+    while stack:
+        node = stack.pop()
+        if _is_type_checking_block(node):
+            assert isinstance(node, ast.If)
+            stack.extend(node.orelse)
+            continue
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            found.add(node.module)
+        stack.extend(ast.iter_child_nodes(node))
+    return {name for name in found if name == "torch" or name.startswith("torch.")}
+
+
+def test_only_the_sharded_strategy_imports_torchs_private_modules() -> None:
+    """torch's private distributed modules (a `_` in the path: FSDP2's internals, c10d's registry) change between
+    releases; only `worker.sharded`, which loads for a fully_shard model on a torch it checked first, may import
+    them."""
+    private = {}
+    for path in PACKAGE.rglob("*.py"):
+        name = _module_name(path)
+        if name.startswith("slurm_elastic.worker.sharded"):
+            continue
+        imported = _torch_imports(ast.parse(path.read_text()))
+        found = {m for m in imported if m.startswith(("torch.distributed.", "torch._C")) and "._" in m}
+        if found:
+            private[name] = sorted(found)
+    assert private == {}
+    sharded = [_torch_imports(ast.parse(p.read_text())) for p in (PACKAGE / "worker" / "sharded").glob("*.py")]
+    assert any("torch.distributed.fsdp._fully_shard._fsdp_api" in found for found in sharded)  # the check sees them

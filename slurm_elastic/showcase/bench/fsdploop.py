@@ -95,5 +95,5 @@ def run_elastic_fsdp(args: argparse.Namespace) -> None:
         for x, y in step.micro_batches():
             step.backward(F.cross_entropy(model(x).flatten(0, 1), y.flatten()))
     starts.append(time.time())
-    mirror = getattr(job._replica, "mirror_opt", None)  # the second holder's optimizer over the mirrored shard
+    mirror = getattr(job._held, "mirror_opt", None)  # the second holder's optimizer over the mirrored shard
     charlm.report(Path(args.out), job.rank, starts, params, optimizer_bytes(optimizer, mirror))

@@ -1,0 +1,106 @@
+"""Replicated data-parallel training (DDP's kind): every rank holds the whole model, optimizer and scheduler.
+
+During a step's last micro-batch the gradients are summed over the ranks in buckets as they become ready
+(`reduction.py`), together with the step's loss and the "membership change wanted" flag; the optimizer then
+steps on every rank alike. A rank behind its peers takes the whole state from them (`replica.py`, `sync.py`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from slurm_elastic.decide.batching import MicroBatch, StepPlan
+from slurm_elastic.logs import get_logger
+from slurm_elastic.worker import snapshot
+from slurm_elastic.worker.checkpoint import DisasterRecovery
+from slurm_elastic.worker.comm import Group
+from slurm_elastic.worker.phases import PhaseHooks
+from slurm_elastic.worker.reduction import GradientReducer, reduce_dtype_of
+from slurm_elastic.worker.replica import Replica
+from slurm_elastic.worker.strategy import Report
+
+log = get_logger("slurm_elastic.worker")
+
+
+class ReplicatedStrategy:
+    every_rank_saves = False
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        scheduler: Any | None,
+        extra: dict[str, Any],
+        *,
+        reduce_dtype: str,
+        bucket_mb: float,
+        clip: float | None,
+        phases: PhaseHooks,
+        change_requested: Callable[[], bool],
+    ) -> None:
+        self.held = Replica(model, optimizer, scheduler, extra)
+        self._params = [p for p in model.parameters() if p.requires_grad]
+        self._reducer = GradientReducer(self._params, reduce_dtype_of(reduce_dtype), bucket_mb=bucket_mb)
+        self._clip = clip
+        self._phases = phases
+        self._change_requested = change_requested
+
+    @property
+    def reduce_dtype(self) -> str:
+        return self._reducer.reduce_dtype
+
+    def micro_batches(self, plan: StepPlan, rank: int) -> tuple[MicroBatch, ...]:
+        return plan.for_rank(rank)
+
+    def begin(self, group: Group | None, number: int) -> None:
+        alone = group is None or group.world == 1
+        self._reducer.begin(None if alone else group, on_launch=lambda _bucket: self._phases.fire("bucket", number))
+
+    def backward(self, loss: torch.Tensor, mb: MicroBatch, last: bool) -> None:
+        self._reducer.add_control(loss, mb.weight, self._change_requested() if last else None)
+        self._reducer.backward(loss, mb.weight, closing=last)
+
+    def contribute_nothing(self) -> None:
+        self._reducer.add_control(torch.zeros(()), 0.0, self._change_requested())
+        self._reducer.launch_rest()
+
+    def finish(self) -> tuple[float, bool]:
+        return self._reducer.wait()
+
+    def commit(self, number: int, plan: StepPlan) -> None:
+        if self._clip is not None:
+            torch.nn.utils.clip_grad_norm_(self._params, self._clip)
+        self.held.optimizer_step(plan.lr_factor)
+        self._reducer.after_optimizer()
+        self._phases.fire("commit", number)
+        self.held.commit(number, plan.step_samples)
+
+    def abandon(self) -> None:
+        self._reducer.abandon()  # an abandoned sum may still write into the old buffers
+
+    def start_alone(self, group: Group, member: str) -> None:
+        pass  # the replica is whole already
+
+    def checkpoints(self, directory: Path, every: int, background: bool, report: Report, keep: int) -> DisasterRecovery:
+        return DisasterRecovery(directory, every, background, report, keep)
+
+    def save(self, path: Path) -> None:
+        snapshot.save(self.held, path)
+
+    def resume(self, path: Path) -> None:
+        log.info("resumed_from_snapshot", path=str(path), step=snapshot.resume(self.held, path))
+
+    def generation_fields(self) -> dict[str, Any]:
+        return {"reduce_dtype": self._reducer.reduce_dtype, "buckets": self._reducer.bucket_count}
+
+    def hook_backward_phase(self) -> None:
+        if self._params:  # fires inside autograd, as the first gradient arrives
+            held, phases = self.held, self._phases
+            self._params[0].register_hook(lambda grad: phases.fire("backward", held.step + 1))
+
+
+__all__ = ["ReplicatedStrategy"]
