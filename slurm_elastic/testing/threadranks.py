@@ -28,9 +28,9 @@ from slurm_elastic.faults import FaultPlan
 from slurm_elastic.testing.injector import FaultInjector
 from slurm_elastic.waiting import wait_until
 from slurm_elastic.wire.channel import new_secret
-from slurm_elastic.worker.comm import REAPER, CollectiveFailed, Group, Interrupt, settle
-from slurm_elastic.worker.control import ControlClient, Identity
 from slurm_elastic.worker.env import WorkerEnv
+from slurm_elastic.worker.membership.comm import REAPER, CollectiveFailed, Group, Interrupt, settle
+from slurm_elastic.worker.membership.control import ControlClient, Identity
 from slurm_elastic.worker.ports import Control, Ports
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from slurm_elastic.worker.checkpoint import read_model_state
-from slurm_elastic.worker.data import ElasticLoader
+from slurm_elastic.worker.checkpoints.checkpoint import read_model_state
+from slurm_elastic.worker.input.data import ElasticLoader
 from slurm_elastic.worker.job import ElasticJob
 from slurm_elastic.worker.step import Step
 

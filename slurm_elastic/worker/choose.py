@@ -14,7 +14,7 @@ import torch
 
 from slurm_elastic.errors import ConfigError
 from slurm_elastic.worker.phases import PhaseHooks
-from slurm_elastic.worker.replicated import ReplicatedStrategy
+from slurm_elastic.worker.replicated.strategy import ReplicatedStrategy
 from slurm_elastic.worker.settings import JobSettings
 from slurm_elastic.worker.strategy import Report, Strategy
 

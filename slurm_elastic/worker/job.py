@@ -38,19 +38,19 @@ from slurm_elastic.decide.epochs import Goal, epoch_end, epoch_of, positive_int
 from slurm_elastic.errors import JobFailed, UsageError
 from slurm_elastic.logs import get_logger
 from slurm_elastic.wire.messages import AtBoundary, Finished
-from slurm_elastic.worker import userstate
 from slurm_elastic.worker.callbacks import Callbacks, EpochHook, StepHook
+from slurm_elastic.worker.checkpoints import userstate
 from slurm_elastic.worker.choose import choose_strategy
-from slurm_elastic.worker.comm import CollectiveFailed, Interrupt, Interrupted
-from slurm_elastic.worker.data import ElasticLoader, Samples
 from slurm_elastic.worker.env import WorkerEnv, worker_env
-from slurm_elastic.worker.loadpool import LoadPool
+from slurm_elastic.worker.input.data import ElasticLoader, Samples
+from slurm_elastic.worker.input.loadpool import LoadPool
+from slurm_elastic.worker.input.prefetch import Prefetcher
+from slurm_elastic.worker.membership.comm import CollectiveFailed, Interrupt, Interrupted
+from slurm_elastic.worker.membership.runtime import Runtime, WorkerEnded
 from slurm_elastic.worker.optguard import guard_optimizer
 from slurm_elastic.worker.phases import PhaseHooks
 from slurm_elastic.worker.ports import Ports
-from slurm_elastic.worker.prefetch import Prefetcher
 from slurm_elastic.worker.process import ProcessHooks
-from slurm_elastic.worker.runtime import Runtime, WorkerEnded
 from slurm_elastic.worker.settings import JobSettings
 from slurm_elastic.worker.step import Step
 from slurm_elastic.worker.stepper import Stepper

@@ -15,8 +15,8 @@ from typing import Any, Protocol
 from pydantic import BaseModel
 
 from slurm_elastic.wire.messages import Phase, WorkerSettings
-from slurm_elastic.worker.comm import Group, Interrupt
-from slurm_elastic.worker.control import Announcement, ControlClient, Identity
+from slurm_elastic.worker.membership.comm import Group, Interrupt
+from slurm_elastic.worker.membership.control import Announcement, ControlClient, Identity
 from slurm_elastic.worker.phases import PhaseHooks
 
 

@@ -24,7 +24,7 @@ from pydantic import BaseModel
 from slurm_elastic.errors import ElasticError, UsageError
 from slurm_elastic.logs import drop_unwritable_output
 from slurm_elastic.wire.messages import DrainRequest, Failure
-from slurm_elastic.worker.comm import leftovers
+from slurm_elastic.worker.membership.comm import leftovers
 
 
 def failure_signature(kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> str:

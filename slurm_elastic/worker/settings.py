@@ -13,9 +13,9 @@ from typing import Any
 from slurm_elastic.decide.batching import BatchPolicy, LrRule, PreserveGlobalBatch, ScaleLearningRate, plan_step
 from slurm_elastic.decide.epochs import positive_int
 from slurm_elastic.errors import ConfigError
-from slurm_elastic.worker.data import DataSettings, data_settings
 from slurm_elastic.worker.env import WorkerEnv
-from slurm_elastic.worker.reduction import DEFAULT_BUCKET_MB
+from slurm_elastic.worker.input.data import DataSettings, data_settings
+from slurm_elastic.worker.replicated.reduction import DEFAULT_BUCKET_MB
 
 DEFAULT_PREFETCH = 4
 DEFAULT_KEEP_CHECKPOINTS = 2

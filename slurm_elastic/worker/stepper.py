@@ -17,10 +17,10 @@ from slurm_elastic.errors import UsageError
 from slurm_elastic.ledger import LedgerError, LedgerWriter
 from slurm_elastic.wire.messages import Committed, Phase
 from slurm_elastic.worker.callbacks import Callbacks
-from slurm_elastic.worker.comm import CollectiveFailed, Interrupted
+from slurm_elastic.worker.input.prefetch import Prefetcher
+from slurm_elastic.worker.membership.comm import CollectiveFailed, Interrupted
+from slurm_elastic.worker.membership.runtime import Runtime
 from slurm_elastic.worker.phases import PhaseHooks
-from slurm_elastic.worker.prefetch import Prefetcher
-from slurm_elastic.worker.runtime import Runtime
 from slurm_elastic.worker.settings import JobSettings
 from slurm_elastic.worker.step import Step
 from slurm_elastic.worker.strategy import Checkpoints, Strategy

@@ -21,16 +21,30 @@ runtime calls `held.synchronize(...)` to bring every member to the same committe
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 
 from slurm_elastic.decide.batching import MicroBatch, StepPlan
-from slurm_elastic.worker.comm import Group
-from slurm_elastic.worker.sync import SyncResult
+from slurm_elastic.worker.checkpoints.state import Snapshot
+from slurm_elastic.worker.membership.comm import Group
 
 Report = Callable[[str, dict[str, Any]], None]  # kind, fields: one structured event about this worker
+
+
+@dataclass(frozen=True)
+class SyncResult:
+    """How a generation got in sync (the fields of its `generation_ready` event)."""
+
+    target_step: int
+    sources: tuple[int, ...]
+    receivers: tuple[int, ...]
+    reason: str
+    bytes_moved: int  # by all ranks together (each rank planned the same transfers)
+    seconds: float
+    received: Snapshot | None = None
 
 
 class Held(Protocol):
@@ -133,4 +147,4 @@ class Strategy(Protocol):
         ...
 
 
-__all__ = ["Checkpoints", "Held", "Report", "Strategy"]
+__all__ = ["Checkpoints", "Held", "Report", "Strategy", "SyncResult"]

@@ -10,7 +10,7 @@ import pytest
 
 from slurm_elastic.decide import membership as m
 from slurm_elastic.testing.threadranks import ThreadJob
-from slurm_elastic.worker.comm import REAPER
+from slurm_elastic.worker.membership.comm import REAPER
 
 from .test_inthread import trainer
 

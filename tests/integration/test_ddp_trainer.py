@@ -17,7 +17,7 @@ from slurm_elastic.ledger import analyze
 from slurm_elastic.showcase.metrics import max_param_rel_diff
 from slurm_elastic.showcase.scenario import run_scenario
 from slurm_elastic.worker import read_model_state
-from slurm_elastic.worker.checkpoint import read_checkpoint
+from slurm_elastic.worker.checkpoints.checkpoint import read_checkpoint
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.timeout(300)]
 

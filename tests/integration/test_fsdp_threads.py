@@ -26,9 +26,9 @@ from slurm_elastic.ledger import analyze
 from slurm_elastic.showcase.metrics import max_param_rel_diff, tolerance
 from slurm_elastic.testing.threadranks import GroupFault, RankResult, ThreadJob
 from slurm_elastic.worker import ElasticJob
-from slurm_elastic.worker.checkpoint import CheckpointError
+from slurm_elastic.worker.checkpoints.checkpoint import CheckpointError
 from slurm_elastic.worker.env import WorkerEnv, worker_env
-from slurm_elastic.worker.helpers import HELPERS
+from slurm_elastic.worker.membership.helpers import HELPERS
 from slurm_elastic.worker.ports import Ports
 from slurm_elastic.worker.sharded.mesh import placeholder_mesh
 

@@ -127,7 +127,7 @@ def test_a_rank_dying_once_its_sums_completed_loses_no_committed_step(tmp_path: 
 
 
 def bucket_count() -> int:
-    from slurm_elastic.worker.reduction import GradientReducer
+    from slurm_elastic.worker.replicated.reduction import GradientReducer
 
     red = GradientReducer(list(model().parameters()), "float64", bucket_mb=0.0005)
     red.close()

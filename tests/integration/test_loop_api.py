@@ -19,7 +19,7 @@ from slurm_elastic.errors import ConfigError, UsageError
 from slurm_elastic.showcase.metrics import max_param_rel_diff, tolerance
 from slurm_elastic.testing.threadranks import ThreadJob
 from slurm_elastic.worker import ElasticJob, ElasticLoader
-from slurm_elastic.worker.checkpoint import CheckpointError
+from slurm_elastic.worker.checkpoints.checkpoint import CheckpointError
 from slurm_elastic.worker.env import WorkerEnv, worker_env
 from slurm_elastic.worker.ports import Ports
 

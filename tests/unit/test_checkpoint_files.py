@@ -11,7 +11,7 @@ import torch
 
 from slurm_elastic.config import resolve_config, training_env
 from slurm_elastic.errors import ConfigError
-from slurm_elastic.worker.checkpoint import (
+from slurm_elastic.worker.checkpoints.checkpoint import (
     CheckpointError,
     DisasterRecovery,
     list_checkpoints,
@@ -20,7 +20,7 @@ from slurm_elastic.worker.checkpoint import (
     write_checkpoint,
 )
 from slurm_elastic.worker.env import worker_env
-from slurm_elastic.worker.replica import Replica
+from slurm_elastic.worker.replicated.replica import Replica
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -14,8 +14,13 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from slurm_elastic.worker.checkpoint import CheckpointError, CheckpointWriter, read_checkpoint, write_checkpoint
-from slurm_elastic.worker.replica import Replica
+from slurm_elastic.worker.checkpoints.checkpoint import (
+    CheckpointError,
+    CheckpointWriter,
+    read_checkpoint,
+    write_checkpoint,
+)
+from slurm_elastic.worker.replicated.replica import Replica
 from slurm_elastic.worker.sharded.checkpoint import complete_checkpoints, save_shard
 
 pytestmark = pytest.mark.timeout(60)

@@ -16,7 +16,7 @@ from slurm_elastic.worker import ElasticJob, placeholder_mesh
 from slurm_elastic.worker.choose import SHARDED_TORCH, is_fully_sharded, sharded_support, torch_release
 from slurm_elastic.worker.env import worker_env
 from slurm_elastic.worker.ports import Ports
-from slurm_elastic.worker.replicated import ReplicatedStrategy
+from slurm_elastic.worker.replicated.strategy import ReplicatedStrategy
 
 DATA = [(torch.zeros(3), torch.zeros(1)) for _ in range(8)]
 
@@ -114,3 +114,31 @@ print(json.dumps({"replicated": after_replicated, "steps": job.step, "sharded": 
     assert seen["steps"] == 2  # the replicated job really trained
     assert seen["replicated"] == []
     assert "slurm_elastic.worker.sharded.strategy" in seen["sharded"]
+
+
+@pytest.mark.parametrize("name", ["replicated", "sharded"])
+def test_each_strategy_implements_the_whole_interface_with_its_signatures(name: str) -> None:
+    """A third strategy is written from `worker.strategy` alone: each existing one has every member of the
+    interface, with the interface's parameter names, so the interface is the whole contract."""
+    import inspect
+
+    from slurm_elastic.worker import strategy
+
+    if name == "replicated":
+        cls: type = ReplicatedStrategy
+    else:
+        from slurm_elastic.worker.sharded.strategy import ShardedStrategy
+
+        cls = ShardedStrategy
+    members = {n for n in vars(strategy.Strategy) if not n.startswith("_")} | set(strategy.Strategy.__annotations__)
+    assert members >= {"begin", "backward", "finish", "commit", "abandon", "checkpoints", "held"}
+    for member in sorted(members):
+        interface = getattr(strategy.Strategy, member, None)
+        if callable(interface):
+            mine = getattr(cls, member, None)
+            assert callable(mine), f"{cls.__name__} lacks {member}()"
+            want = list(inspect.signature(interface).parameters)
+            got = list(inspect.signature(mine).parameters)
+            assert got == want, f"{cls.__name__}.{member}{got} differs from the interface's {want}"
+        elif member != "held":  # an instance attribute, set by the constructor
+            assert hasattr(cls, member), f"{cls.__name__} lacks {member}"

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 
-from slurm_elastic.worker.comm import CollectiveFailed, Group, Interrupt
+from slurm_elastic.worker.membership.comm import CollectiveFailed, Group, Interrupt
 
 REFUSAL = "Connection closed by peer [127.0.0.1]:29573"
 

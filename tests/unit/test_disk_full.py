@@ -8,9 +8,9 @@ from typing import Any
 import torch
 
 from slurm_elastic.events import EventLog
-from slurm_elastic.worker.checkpoint import CheckpointWriter, DisasterRecovery, load_latest
-from slurm_elastic.worker.replica import Replica
-from slurm_elastic.worker.state import Snapshot
+from slurm_elastic.worker.checkpoints.checkpoint import CheckpointWriter, DisasterRecovery, load_latest
+from slurm_elastic.worker.checkpoints.state import Snapshot
+from slurm_elastic.worker.replicated.replica import Replica
 
 
 def test_events_that_cannot_be_written_are_reported_once_and_kept_in_memory(full_disk: Path) -> None:

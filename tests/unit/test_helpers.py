@@ -1,4 +1,4 @@
-"""The helper threads that make blocking calls for the training thread (worker/helpers.py)."""
+"""The helper threads that make blocking calls for the training thread (worker/membership/helpers.py)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,16 @@ import threading
 import pytest
 import torch
 
-from slurm_elastic.worker.comm import AWAITED, Awaited, Interrupt, Interrupted, leftovers, run_interruptibly, settle
-from slurm_elastic.worker.helpers import HELPERS, Helpers
+from slurm_elastic.worker.membership.comm import (
+    AWAITED,
+    Awaited,
+    Interrupt,
+    Interrupted,
+    leftovers,
+    run_interruptibly,
+    settle,
+)
+from slurm_elastic.worker.membership.helpers import HELPERS, Helpers
 
 
 def _run(pool: Helpers, call: object) -> threading.Event:

@@ -27,9 +27,9 @@ from slurm_elastic.launch.slurm import SlurmLaunch
 from slurm_elastic.testing.fakeslurm import FakeSlurm
 from slurm_elastic.wire import messages as msg
 from slurm_elastic.wire.channel import Channel, connect, new_secret
-from slurm_elastic.worker.comm import Interrupt
-from slurm_elastic.worker.control import ControlClient, ControlFailed, Identity
-from slurm_elastic.worker.runtime import Runtime, WorkerEnded
+from slurm_elastic.worker.membership.comm import Interrupt
+from slurm_elastic.worker.membership.control import ControlClient, ControlFailed, Identity
+from slurm_elastic.worker.membership.runtime import Runtime, WorkerEnded
 
 pytestmark = pytest.mark.timeout(60)
 SECRET = new_secret()

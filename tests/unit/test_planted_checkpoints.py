@@ -21,10 +21,10 @@ import torch
 from torch.distributed.checkpoint.filesystem import _StorageInfo
 from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata, MetadataIndex
 
-from slurm_elastic.worker.checkpoint import CheckpointError, load_latest, read_checkpoint, read_model_state
-from slurm_elastic.worker.replica import Replica
+from slurm_elastic.worker.checkpoints.checkpoint import CheckpointError, load_latest, read_checkpoint, read_model_state
+from slurm_elastic.worker.replicated.replica import Replica
+from slurm_elastic.worker.replicated.snapshot import resume
 from slurm_elastic.worker.sharded.checkpoint import ShardedCheckpoints, complete_checkpoints, load_shard, save_shard
-from slurm_elastic.worker.snapshot import resume
 
 pytestmark = pytest.mark.timeout(60)
 META = "torch.distributed.checkpoint.metadata"
@@ -426,10 +426,10 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def test_the_new_format_is_written_and_read_without_pickle(tmp_path: Path) -> None:
-    from slurm_elastic.worker.checkpoint import write_checkpoint
-    from slurm_elastic.worker.ckptformat import DTYPES
-    from slurm_elastic.worker.ckptformat import MAGIC as written
-    from slurm_elastic.worker.state import Snapshot
+    from slurm_elastic.worker.checkpoints.checkpoint import write_checkpoint
+    from slurm_elastic.worker.checkpoints.ckptformat import DTYPES
+    from slurm_elastic.worker.checkpoints.ckptformat import MAGIC as written
+    from slurm_elastic.worker.checkpoints.state import Snapshot
 
     tensors = [torch.arange(6, dtype=torch.float32).reshape(2, 3).t(), torch.tensor(3.5), torch.empty(0, 5)]
     tensors += [torch.arange(3).to(d) for d in DTYPES.values()]
@@ -472,8 +472,8 @@ def test_a_hostile_header_is_refused_before_any_tensor_is_read(tmp_path: Path, k
 
 
 def test_a_meta_that_points_past_the_tensors_is_refused_by_name(tmp_path: Path) -> None:
-    from slurm_elastic.worker.checkpoint import write_checkpoint
-    from slurm_elastic.worker.state import Snapshot
+    from slurm_elastic.worker.checkpoints.checkpoint import write_checkpoint
+    from slurm_elastic.worker.checkpoints.state import Snapshot
 
     write_checkpoint(tmp_path / "a.pt", 1, Snapshot({"__d__": [["model", {"__t__": 5}]]}, [torch.zeros(1)]))
     refused(lambda: read_model_state(tmp_path / "a.pt"), match=r"tensor index 5 .* expected 0 to 0")
@@ -484,7 +484,7 @@ def test_a_meta_that_points_past_the_tensors_is_refused_by_name(tmp_path: Path) 
 
 
 def test_a_disaster_recovery_file_that_is_a_link_is_skipped(tmp_path: Path) -> None:
-    from slurm_elastic.worker.checkpoint import write_checkpoint
+    from slurm_elastic.worker.checkpoints.checkpoint import write_checkpoint
 
     src = _replica()
     write_checkpoint(tmp_path / "elsewhere.pt", 9, src.capture())

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_elastic.worker.prefetch import Key, Prefetcher
+from slurm_elastic.worker.input.prefetch import Key, Prefetcher
 
 
 class Source:
@@ -130,7 +130,7 @@ def test_loader_processes_load_ahead_and_seed_each_batch_from_its_position() -> 
     import os
 
     from slurm_elastic.lineage import children
-    from slurm_elastic.worker.loadpool import LoadPool
+    from slurm_elastic.worker.input.loadpool import LoadPool
 
     pf = Prefetcher(_load_pid_and_draw, depth=4, pool=LoadPool(_load_pid_and_draw, 2, seed=5))
     try:
@@ -152,7 +152,7 @@ def test_loader_processes_end_at_close_without_running_the_workers_sigterm_handl
     import signal
 
     from slurm_elastic.lineage import children
-    from slurm_elastic.worker.loadpool import LoadPool
+    from slurm_elastic.worker.input.loadpool import LoadPool
 
     ran = tmp_path / "handler-ran"
 

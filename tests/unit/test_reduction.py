@@ -14,8 +14,8 @@ import torch.distributed as dist
 from torch import nn
 
 from slurm_elastic.errors import ConfigError, ElasticError
-from slurm_elastic.worker.comm import Group, Interrupt
-from slurm_elastic.worker.reduction import CONTROL_SLOTS, GradientReducer, reduce_dtype_of
+from slurm_elastic.worker.membership.comm import Group, Interrupt
+from slurm_elastic.worker.replicated.reduction import CONTROL_SLOTS, GradientReducer, reduce_dtype_of
 
 
 def mlp(seed: int = 0, sizes: tuple[int, ...] = (8, 16, 16, 4)) -> nn.Sequential:

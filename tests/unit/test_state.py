@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from slurm_elastic.worker.state import (
+from slurm_elastic.worker.checkpoints.state import (
     Layout,
     Snapshot,
     StateError,

@@ -10,9 +10,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from slurm_elastic.worker.comm import CollectiveFailed, Interrupt
-from slurm_elastic.worker.state import Snapshot
-from slurm_elastic.worker.sync import synchronize
+from slurm_elastic.worker.checkpoints.state import Snapshot
+from slurm_elastic.worker.membership.comm import CollectiveFailed, Interrupt
+from slurm_elastic.worker.replicated.sync import synchronize
 
 
 class SourceGroup:

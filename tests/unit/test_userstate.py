@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 import torch
 
-from slurm_elastic.worker import userstate
-from slurm_elastic.worker.replica import Replica
-from slurm_elastic.worker.state import Layout, Snapshot, StateError, layout_of, pack, unpack
+from slurm_elastic.worker.checkpoints import userstate
+from slurm_elastic.worker.checkpoints.state import Layout, Snapshot, StateError, layout_of, pack, unpack
+from slurm_elastic.worker.replicated.replica import Replica
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -258,8 +258,8 @@ def test_a_request_never_reaches_an_impostor(welcome: Callable[[dict[str, Any]],
 
 @pytest.mark.parametrize("welcome", WELCOMES.values(), ids=WELCOMES.keys())
 def test_a_worker_never_registers_with_an_impostor(welcome: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
-    from slurm_elastic.worker.comm import Interrupt
-    from slurm_elastic.worker.control import ControlClient, Identity
+    from slurm_elastic.worker.membership.comm import Interrupt
+    from slurm_elastic.worker.membership.control import ControlClient, Identity
 
     def register(address: str) -> Any:
         control = ControlClient(address, SECRET, Identity(JOB, "n1:0:0", "n1", 0), Interrupt())

@@ -38,7 +38,7 @@ from torch.distributed.checkpoint.filesystem import FileSystem
 from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 
 from slurm_elastic.logs import get_logger
-from slurm_elastic.worker.ckptfiles import (
+from slurm_elastic.worker.checkpoints.ckptfiles import (
     CheckpointError,
     fresh_dir,
     make_dirs,
@@ -47,7 +47,7 @@ from slurm_elastic.worker.ckptfiles import (
     read_beneath,
     write_file,
 )
-from slurm_elastic.worker.ckptformat import torch_load_is_safe
+from slurm_elastic.worker.checkpoints.ckptformat import torch_load_is_safe
 from slurm_elastic.worker.sharded import dcpmeta
 from slurm_elastic.worker.sharded.holder import ShardedReplica
 

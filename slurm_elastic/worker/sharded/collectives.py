@@ -17,7 +17,7 @@ import torch
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter
 
-from slurm_elastic.worker.comm import CollectiveFailed, Group, Interrupted
+from slurm_elastic.worker.membership.comm import CollectiveFailed, Group, Interrupted
 
 
 class StepCollectives:

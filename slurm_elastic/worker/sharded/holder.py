@@ -25,15 +25,15 @@ from torch.distributed.tensor import DTensor
 
 from slurm_elastic.decide.layout import Layout
 from slurm_elastic.errors import ConfigError
-from slurm_elastic.worker import userstate
-from slurm_elastic.worker.comm import Group
+from slurm_elastic.worker.checkpoints import userstate
+from slurm_elastic.worker.checkpoints.state import from_json, to_json
+from slurm_elastic.worker.membership.comm import Group
 from slurm_elastic.worker.phases import PhaseHooks
 from slurm_elastic.worker.sharded.checksum import digest
 from slurm_elastic.worker.sharded.collectives import StepCollectives, install
 from slurm_elastic.worker.sharded.mesh import GenerationMesh
 from slurm_elastic.worker.sharded.remesh import Entry, entries, fsdp_params, local, sharded_state_keys
-from slurm_elastic.worker.state import from_json, to_json
-from slurm_elastic.worker.sync import SyncResult
+from slurm_elastic.worker.strategy import SyncResult
 
 
 @dataclass

@@ -31,8 +31,8 @@ import torch
 from slurm_elastic.decide.batching import MicroBatch, StepPlan
 from slurm_elastic.errors import ConfigError
 from slurm_elastic.logs import get_logger
-from slurm_elastic.worker.ckptfiles import CheckpointError
-from slurm_elastic.worker.comm import CollectiveFailed, Group
+from slurm_elastic.worker.checkpoints.ckptfiles import CheckpointError
+from slurm_elastic.worker.membership.comm import CollectiveFailed, Group
 from slurm_elastic.worker.phases import PhaseHooks
 from slurm_elastic.worker.sharded.checkpoint import ShardedCheckpoints, complete_checkpoints, save_snapshot
 from slurm_elastic.worker.sharded.collectives import StepCollectives

@@ -28,14 +28,14 @@ from slurm_elastic.decide.layout import Layout, plan_layout
 from slurm_elastic.decide.reshard import Holding, Need, ReshardPlan, plan_reshard, shard_rows
 from slurm_elastic.errors import ElasticError, StateLost
 from slurm_elastic.logs import get_logger
-from slurm_elastic.worker.ckptfiles import CheckpointError
-from slurm_elastic.worker.comm import Group, run_interruptibly
+from slurm_elastic.worker.checkpoints.ckptfiles import CheckpointError
+from slurm_elastic.worker.membership.comm import Group, run_interruptibly
 from slurm_elastic.worker.sharded.checkpoint import complete_checkpoints, load_shard, read_small
 from slurm_elastic.worker.sharded.holder import ShardedReplica
 from slurm_elastic.worker.sharded.mesh import generation_mesh
 from slurm_elastic.worker.sharded.remesh import Entry, rebind
 from slurm_elastic.worker.sharded.transfer import execute
-from slurm_elastic.worker.sync import SyncResult
+from slurm_elastic.worker.strategy import SyncResult
 
 log = get_logger("slurm_elastic.worker")
 ROUNDS = 3  # transfer rounds before giving up on refused senders

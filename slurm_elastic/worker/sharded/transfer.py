@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from slurm_elastic.decide.reshard import Piece, ReshardPlan, shard_rows
-from slurm_elastic.worker.comm import Group
+from slurm_elastic.worker.membership.comm import Group
 from slurm_elastic.worker.sharded.checksum import crc32
 from slurm_elastic.worker.sharded.remesh import Entry
 

@@ -15,12 +15,12 @@ import torch
 
 from slurm_elastic.decide.batching import MicroBatch, StepPlan
 from slurm_elastic.logs import get_logger
-from slurm_elastic.worker import snapshot
-from slurm_elastic.worker.checkpoint import DisasterRecovery
-from slurm_elastic.worker.comm import Group
+from slurm_elastic.worker.checkpoints.checkpoint import DisasterRecovery
+from slurm_elastic.worker.membership.comm import Group
 from slurm_elastic.worker.phases import PhaseHooks
-from slurm_elastic.worker.reduction import GradientReducer, reduce_dtype_of
-from slurm_elastic.worker.replica import Replica
+from slurm_elastic.worker.replicated import snapshot
+from slurm_elastic.worker.replicated.reduction import GradientReducer, reduce_dtype_of
+from slurm_elastic.worker.replicated.replica import Replica
 from slurm_elastic.worker.strategy import Report
 
 log = get_logger("slurm_elastic.worker")

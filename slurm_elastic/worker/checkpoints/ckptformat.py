@@ -24,8 +24,8 @@ from typing import Any, BinaryIO
 
 import torch
 
-from slurm_elastic.worker.ckptfiles import CheckpointError
-from slurm_elastic.worker.state import Snapshot
+from slurm_elastic.worker.checkpoints.ckptfiles import CheckpointError
+from slurm_elastic.worker.checkpoints.state import Snapshot
 
 MAGIC = b"slurm-elastic checkpoint\n"
 FORMAT = 2

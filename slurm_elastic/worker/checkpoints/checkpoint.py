@@ -20,10 +20,10 @@ from typing import Any, BinaryIO
 import torch
 
 from slurm_elastic.logs import get_logger
-from slurm_elastic.worker import ckptformat
-from slurm_elastic.worker.ckptfiles import CheckpointError, make_dirs, open_file, write_file
-from slurm_elastic.worker.replica import Replica
-from slurm_elastic.worker.state import Snapshot, StateError
+from slurm_elastic.worker.checkpoints import ckptformat
+from slurm_elastic.worker.checkpoints.ckptfiles import CheckpointError, make_dirs, open_file, write_file
+from slurm_elastic.worker.checkpoints.state import Snapshot, StateError
+from slurm_elastic.worker.replicated.replica import Replica
 
 log = get_logger("slurm_elastic.worker")
 
@@ -63,7 +63,7 @@ def read_checkpoint(path: Path) -> tuple[int, Snapshot]:
 def read_model_state(path: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
     """The model's state dict in a checkpoint (`job.save(path)` or a disaster-recovery one), to evaluate or
     export the model without building a job: `model.load_state_dict(read_model_state(path))`."""
-    from slurm_elastic.worker.state import decode
+    from slurm_elastic.worker.checkpoints.state import decode
 
     _, snap = read_checkpoint(Path(path))
     try:

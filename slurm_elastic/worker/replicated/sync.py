@@ -11,28 +11,15 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from slurm_elastic.decide.transfer import PeerState, RecoveryPlan, chunk_bounds, plan_recovery
 from slurm_elastic.errors import JobFailed
-from slurm_elastic.worker.comm import Group, run_interruptibly
-from slurm_elastic.worker.state import Layout, Snapshot, layout_of, pack, unpack
-
-
-@dataclass(frozen=True)
-class SyncResult:
-    """How a generation got in sync (the fields of its `generation_ready` event)."""
-
-    target_step: int
-    sources: tuple[int, ...]
-    receivers: tuple[int, ...]
-    reason: str
-    bytes_moved: int  # by all ranks together (each rank planned the same transfers)
-    seconds: float
-    received: Snapshot | None = None
+from slurm_elastic.worker.checkpoints.state import Layout, Snapshot, layout_of, pack, unpack
+from slurm_elastic.worker.membership.comm import Group, run_interruptibly
+from slurm_elastic.worker.strategy import SyncResult
 
 
 def _result(plan: RecoveryPlan, received: Snapshot | None, moved: int, started: float) -> SyncResult:

@@ -24,7 +24,7 @@ from typing import Any, Literal
 import torch
 
 from slurm_elastic.errors import ConfigError, ElasticError
-from slurm_elastic.worker.comm import CollectiveFailed, Group, Interrupted
+from slurm_elastic.worker.membership.comm import CollectiveFailed, Group, Interrupted
 
 ReduceDtype = Literal["float32", "bfloat16", "float64"]
 REDUCE_DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}

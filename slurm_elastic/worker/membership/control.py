@@ -31,7 +31,7 @@ from slurm_elastic.wire.messages import (
     WorkerEvent,
     WorkerSettings,
 )
-from slurm_elastic.worker.comm import Interrupt
+from slurm_elastic.worker.membership.comm import Interrupt
 
 Announcement = Assign | Leave | Stop
 CONNECT_RETRY_S = 30.0  # a coordinator under a flood of idle connections may evict a handshake or two

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from typing import Any
 
-from slurm_elastic.worker.loadpool import LoadPool
+from slurm_elastic.worker.input.loadpool import LoadPool
 
 Key = tuple[int, int]  # (first stream position, number of samples)
 

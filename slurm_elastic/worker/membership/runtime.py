@@ -20,13 +20,12 @@ from slurm_elastic.errors import ElasticError, StateLost
 from slurm_elastic.logs import get_logger
 from slurm_elastic.wire.messages import Assign, CollectiveFault, Leave, Phase, Stop, WorkerEvent, WorkerSettings
 from slurm_elastic.wire.messages import StateLost as StateLostMessage
-from slurm_elastic.worker.comm import CollectiveFailed, Group, Interrupt, Interrupted, pick_backend
-from slurm_elastic.worker.control import ControlFailed, CoordinatorLost, Identity, JobOver
 from slurm_elastic.worker.env import WorkerEnv
+from slurm_elastic.worker.membership.comm import CollectiveFailed, Group, Interrupt, Interrupted, pick_backend
+from slurm_elastic.worker.membership.control import ControlFailed, CoordinatorLost, Identity, JobOver
 from slurm_elastic.worker.phases import PhaseHooks
 from slurm_elastic.worker.ports import Control, Ports
-from slurm_elastic.worker.strategy import Held
-from slurm_elastic.worker.sync import SyncResult
+from slurm_elastic.worker.strategy import Held, SyncResult
 
 log = get_logger("slurm_elastic.worker")
 

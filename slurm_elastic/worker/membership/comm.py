@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from slurm_elastic.errors import ElasticError
-from slurm_elastic.worker.helpers import HELPERS
+from slurm_elastic.worker.membership.helpers import HELPERS
 
 
 class Interrupted(ElasticError):

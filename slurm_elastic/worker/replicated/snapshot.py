@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from slurm_elastic.worker.checkpoint import CheckpointError, read_checkpoint, write_checkpoint
-from slurm_elastic.worker.replica import Replica
-from slurm_elastic.worker.state import StateError
+from slurm_elastic.worker.checkpoints.checkpoint import CheckpointError, read_checkpoint, write_checkpoint
+from slurm_elastic.worker.checkpoints.state import StateError
+from slurm_elastic.worker.replicated.replica import Replica
 
 
 def save(replica: Replica, path: Path) -> None:

@@ -12,10 +12,11 @@ from typing import Any
 
 import torch
 
-from slurm_elastic.worker import userstate
-from slurm_elastic.worker.comm import Group
-from slurm_elastic.worker.state import Snapshot, capture, fingerprint, restore_all
-from slurm_elastic.worker.sync import SyncResult, synchronize
+from slurm_elastic.worker.checkpoints import userstate
+from slurm_elastic.worker.checkpoints.state import Snapshot, capture, fingerprint, restore_all
+from slurm_elastic.worker.membership.comm import Group
+from slurm_elastic.worker.replicated.sync import synchronize
+from slurm_elastic.worker.strategy import SyncResult
 
 
 class Replica:

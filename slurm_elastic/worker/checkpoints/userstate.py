@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from slurm_elastic.worker.state import StateError, check_encodable
+from slurm_elastic.worker.checkpoints.state import StateError, check_encodable
 
 VALID = (
     "plain values (numbers, strings, bools, None), tensors, lists/tuples/dicts of them, "
