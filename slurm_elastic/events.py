@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from slurm_elastic.eventtypes import E, Event, MembershipChange, of_kind
 from slurm_elastic.logs import DROPS, get_logger
 from slurm_elastic.waiting import wait_until
 
@@ -44,6 +45,10 @@ class EventLog:
                 self._keep({"event": "log_write_failed", "job": self.job_id, "time": record["time"], "error": error})
             self._log_failing = not written
         return record
+
+    def record(self, event: Event, *, quiet: bool = False) -> dict[str, Any]:
+        """One event of the catalogue (`eventtypes`), written as its type's fields."""
+        return self.emit(event.KIND, quiet=quiet, **event.fields())
 
     def _keep(self, record: dict[str, Any]) -> None:
         with self._lock:
@@ -111,9 +116,13 @@ class EventsFile:
     def events(self, kind: str | None = None) -> list[dict[str, Any]]:
         return [e for e in read_events(self.path) if kind is None or e["event"] == kind]
 
+    def of(self, kind: type[E]) -> list[E]:
+        """The events of one catalogued kind, as its type."""
+        return of_kind(read_events(self.path), kind)
+
     def world(self) -> int:
-        changes = self.events("membership_change")
-        return int(changes[-1]["world"]) if changes else 0
+        changes = self.of(MembershipChange)
+        return changes[-1].world if changes else 0
 
     def wait(self, what: str, predicate: Callable[[], bool], timeout: float = 300.0) -> None:
         wait_until(predicate, timeout=timeout, what=f"{what} ({self.label})", poll=0.2)

@@ -1,11 +1,13 @@
-"""What the coordinator keeps about its peers and its progress, and what other threads may read of it."""
+"""What the coordinator keeps about its peers and its progress, and what other threads may read of it (its
+commits are the catalogue's `Commit`)."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+
+from slurm_elastic.eventtypes import Commit
 
 
 @dataclass
@@ -20,33 +22,6 @@ class Peer:
     phase_since: float = 0.0
     pid: int = 0
     slurm_job: str | None = None
-
-
-@dataclass(frozen=True)
-class Commit:
-    """A committed step: as the coordinator recorded it, or as its `commit` event tells it."""
-
-    step: int
-    generation: int
-    world: int
-    loss: float
-    samples: int
-    worker_time: float  # when rank 0 committed it (its clock)
-    received: float  # when the coordinator heard of it (its clock)
-
-    @classmethod
-    def from_event(cls, event: Mapping[str, Any]) -> Commit:
-        """From a `commit` line of events.jsonl (one written before `samples` and `received` were: 0 and the
-        worker's time)."""
-        return cls(
-            step=event["step"],
-            generation=event["generation"],
-            world=event["world"],
-            loss=event["loss"],
-            samples=event.get("samples", 0),
-            worker_time=event["worker_time"],
-            received=event.get("received", event["worker_time"]),
-        )
 
 
 @dataclass

@@ -14,19 +14,31 @@ import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable
-from dataclasses import asdict, replace
+from dataclasses import replace
 from typing import Any
 
 from pydantic import BaseModel
 
 from slurm_elastic.coordinator.config import CoordinatorConfig
-from slurm_elastic.coordinator.records import Commit, Peer, PublicView, throughput
+from slurm_elastic.coordinator.records import Peer, PublicView, throughput
 from slurm_elastic.coordinator.refusals import RefusalSummary
 from slurm_elastic.decide import membership as m
 from slurm_elastic.decide.failures import ExitRecord, identical_failure_verdict, never_joined_verdict, record_failure
 from slurm_elastic.decide.health import Liveness, find_unresponsive, stalled_for
 from slurm_elastic.errors import AuthError, HandshakeRefused, InvalidMessage, ProtocolError
 from slurm_elastic.events import EventLog
+from slurm_elastic.eventtypes import (
+    CheckpointFallback,
+    Commit,
+    DrainRequested,
+    GenerationReady,
+    MembershipChange,
+    NodeLost,
+    NodeRegistered,
+    Progress,
+    Recovered,
+    WorkerRegistered,
+)
 from slurm_elastic.jobdir import private_dir
 from slurm_elastic.logs import get_logger
 from slurm_elastic.loops import run_loudly
@@ -212,7 +224,7 @@ class Coordinator:
         self.workers[wid] = Peer(writer, reg.node, now, reg.committed_step, "init", now, reg.pid)
         self._registered.add(wid)
         write_message(writer, msg.Registered(settings=self.settings()))
-        self.events.emit("worker_registered", worker=wid, node=reg.node, pid=reg.pid, committed_step=reg.committed_step)
+        self.events.record(WorkerRegistered(wid, reg.node, reg.pid, reg.committed_step))
         self._feed(m.Joined(m.Worker(wid, reg.node, reg.local_rank, reg.committed_step)))
         try:
             while True:
@@ -265,7 +277,7 @@ class Coordinator:
         self._agent_nproc[node] = reg.nproc
         self.agent_registrations[node] += 1
         write_message(writer, msg.Ack(ok=True, detail=self.config.job_id))
-        self.events.emit("node_registered", node=node, host=reg.host, nproc=reg.nproc, slurm_job=reg.slurm_job_id)
+        self.events.record(NodeRegistered(node, reg.host, reg.nproc, reg.slurm_job_id))
         try:
             while True:
                 message = await self._next_message(reader, f"agent {node}")
@@ -277,7 +289,7 @@ class Coordinator:
                 del self.agents[node]
                 lost = tuple(w for w, p in self.workers.items() if p.node == node)
                 if self.state.phase in ("rendezvous", "running"):
-                    self.events.emit("node_lost", node=node, workers=list(lost))
+                    self.events.record(NodeLost(node, lost))
                 for w in lost:
                     self._lose_worker(w, f"agent of node {node} lost")
 
@@ -356,10 +368,10 @@ class Coordinator:
 
     def _on_commit(self, c: msg.Committed) -> None:
         now = time.time()
-        commit = Commit(c.step, c.generation, c.world, c.loss, c.samples, c.time, now)
+        commit = Commit(c.step, c.generation, c.world, c.loss, c.time, samples=c.samples, received=now)
         self._recent_commits.append(commit)
         if self.config.record_commits:
-            self.events.emit("commit", quiet=True, **asdict(commit))
+            self.events.record(commit, quiet=True)
         with self._view_lock:
             self._view.commits.append(commit)
             if len(self._view.commits) > MAX_COMMIT_RECORDS:  # a long run must not grow the coordinator
@@ -368,23 +380,11 @@ class Coordinator:
         if self._abrupt_since is not None and c.generation >= self._abrupt_since[0]:
             _gen, detected, before = self._abrupt_since
             self._abrupt_since = None
-            self.events.emit(
-                "recovered",
-                generation=c.generation,
-                step=c.step,
-                detect_to_commit_s=round(time.monotonic() - detected, 4),
-                last_step_before=before,
-            )
+            took = round(time.monotonic() - detected, 4)
+            self.events.record(Recovered(c.generation, c.step, detect_to_commit_s=took, last_step_before=before))
         if now - self._last_progress >= self.config.progress_interval_s:
             self._last_progress = now
-            self.events.emit(
-                "progress",
-                step=c.step,
-                loss=round(c.loss, 4),
-                world=c.world,
-                generation=c.generation,
-                samples_per_s=self._throughput(),
-            )
+            self.events.record(Progress(c.step, round(c.loss, 4), c.world, c.generation, self._throughput()))
 
     def _throughput(self) -> float | None:
         return throughput(list(self._recent_commits))
@@ -399,12 +399,9 @@ class Coordinator:
                 self._view.last_step = max(self._view.last_step, resume)
             if self._fallback_from is not None:  # the first generation after a checkpoint fallback
                 before, self._fallback_from = self._fallback_from, None
-                self.events.emit(
-                    "checkpoint_fallback",
-                    last_committed_step=before,
-                    resume_step=resume,
-                    replayed_steps=max(0, before - resume),
-                )
+                self.events.record(CheckpointFallback(before, resume, replayed_steps=max(0, before - resume)))
+            self.events.record(GenerationReady.from_event({**fields, "worker": wid}))
+            return
         self.events.emit(e.kind, worker=wid, **fields)
 
     def _on_failure(self, f: msg.Failure) -> None:
@@ -420,7 +417,7 @@ class Coordinator:
 
     def _on_drain(self, d: msg.DrainRequest) -> msg.Ack:
         self.drained_nodes.update(d.nodes)
-        self.events.emit("drain_requested", nodes=d.nodes, mode=d.mode, reason=d.reason, source=d.source)
+        self.events.record(DrainRequested(tuple(d.nodes), d.mode, d.reason, d.source))
         if d.hold_s > 0:  # told before their workers leave, so that no agent exits first
             for node in d.nodes:
                 self._send(self.agents.get(node), msg.HoldNode(hold_s=d.hold_s))
@@ -492,18 +489,18 @@ class Coordinator:
         old = before.generation
         if gen.boundary_step is None and old is not None and self._abrupt_since is None:
             self._abrupt_since = (gen.number, time.monotonic(), self._view.last_step)
-        self.events.emit(
-            "membership_change",
+        change = MembershipChange(
             generation=gen.number,
             cause=gen.cause,
             world_before=len(old.ranks) if old else 0,
             world=len(gen.ranks),
-            ranks=list(gen.ranks),
-            joined=list(a.joined),
-            left=list(a.left),
+            ranks=tuple(gen.ranks),
+            joined=tuple(a.joined),
+            left=tuple(a.left),
             boundary_step=gen.boundary_step,
             trigger=type(event).__name__,
         )
+        self.events.record(change)
 
     def _stop_everyone(self, stop: msg.Stop) -> None:
         for peer in (*self.workers.values(), *self.agents.values()):

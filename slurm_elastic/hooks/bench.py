@@ -13,7 +13,6 @@ The cluster is restarted with and without the hooks, and left as it was found.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import subprocess
@@ -26,13 +25,14 @@ from typing import Any
 
 from slurm_elastic.commands.common import print_result
 from slurm_elastic.errors import ElasticError
+from slurm_elastic.events import EventsFile
+from slurm_elastic.eventtypes import DrainRequested, MembershipChange, NodeLost, Progress
 from slurm_elastic.hooks.install import MIN_INTERVAL_S, InstallOptions, install, watch_for
 from slurm_elastic.jobdir import job_dir
 from slurm_elastic.showcase.metrics import median
 from slurm_elastic.showcase.workload import corpus, train_command
 from slurm_elastic.slurm import CliBackend
 from slurm_elastic.testing.devcluster import ClusterError, LocalCluster
-from slurm_elastic.waiting import wait_until
 
 __all__ = ["add_parser", "hooks_dir_of", "restart_cluster", "run", "run_notify"]
 
@@ -60,48 +60,40 @@ def restart_cluster(cluster: LocalCluster, hooks_dir: Path | None, attempts: int
                 raise
 
 
-class Job:
+class Job(EventsFile):
     """One core job, watched through its events file."""
 
     def __init__(self, root: Path, env: dict[str, str], job_id: str) -> None:
+        super().__init__(
+            job_dir(job_id, Path(env["SLURM_ELASTIC_HOME"])) / "events.jsonl", f"bench notify, job {job_id}"
+        )
         self.root, self.env, self.job_id = root, env, job_id
-
-    def events(self, kind: str) -> list[dict[str, Any]]:
-        path = job_dir(self.job_id, Path(self.env["SLURM_ELASTIC_HOME"])) / "events.jsonl"
-        lines = path.read_text().splitlines() if path.exists() else []
-        return [e for e in (json.loads(x) for x in lines if x.strip()) if e["event"] == kind]
-
-    def world(self) -> int:
-        changes = self.events("membership_change")
-        return changes[-1]["world"] if changes else 0
-
-    def wait(self, what: str, predicate: Callable[[], Any], timeout: float = 180.0) -> Any:
-        return wait_until(predicate, timeout=timeout, what=f"{what} (bench notify, job {self.job_id})")
 
     def settled(self, world: int) -> None:
         """`world` nodes train: a progress report after the last membership change."""
-        self.wait(f"{world} nodes training", lambda: self.world() == world)
-        since = self.events("membership_change")[-1]["time"]
-        self.wait("progress", lambda: any(e["time"] > since + 1 for e in self.events("progress")))
+        self.wait(f"{world} nodes training", lambda: self.world() == world, timeout=180)
+        since = self.of(MembershipChange)[-1].time
+        self.wait("progress", lambda: any(e.time > since + 1 for e in self.of(Progress)), timeout=180)
 
     def eviction_after(self, t0: float, world: int) -> tuple[float, str]:
         """Seconds from t0 to the change to `world` nodes, and who told the coordinator first."""
-        change = self.wait(
-            f"the change to {world} nodes",
-            lambda: next((e for e in self.events("membership_change") if e["time"] > t0 and e["world"] == world), None),
-            timeout=120,
-        )
-        told = [e for e in self.events("drain_requested") if t0 < e["time"] <= change["time"]]
-        lost = [e for e in self.events("node_lost") if t0 < e["time"] <= change["time"]]
-        first = min([*told, *lost], key=lambda e: e["time"], default=None)
-        source = "none" if first is None else first.get("source", "connection lost")
-        return round(change["time"] - t0, 3), source
+        self.wait(f"the change to {world} nodes", lambda: self._change_after(t0, world) is not None, timeout=120)
+        change = self._change_after(t0, world)
+        assert change is not None
+        told: list[DrainRequested | NodeLost] = [e for e in self.of(DrainRequested) if t0 < e.time <= change.time]
+        told += [e for e in self.of(NodeLost) if t0 < e.time <= change.time]
+        first = min(told, key=lambda e: e.time, default=None)
+        source = "none" if first is None else first.source if isinstance(first, DrainRequested) else "connection lost"
+        return round(change.time - t0, 3), source
+
+    def _change_after(self, t0: float, world: int) -> MembershipChange | None:
+        return next((e for e in self.of(MembershipChange) if e.time > t0 and e.world == world), None)
 
 
 def _report_after(job: Job, t0: float, source: str, timeout: float = 15.0) -> float | None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        told = [e["time"] for e in job.events("drain_requested") if e["time"] > t0 and e["source"] == source]
+        told = [e.time for e in job.of(DrainRequested) if e.time > t0 and e.source == source]
         if told:
             return round(min(told) - t0, 3)
         time.sleep(0.05)

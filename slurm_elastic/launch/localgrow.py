@@ -22,6 +22,7 @@ from pathlib import Path
 
 from slurm_elastic.agentspec import AgentLaunch
 from slurm_elastic.errors import ElasticError
+from slurm_elastic.eventtypes import EventFormatError, NodeRegistered, of_kind
 from slurm_elastic.jobdir import LaunchInfo, home_of
 
 _LOCAL = re.compile(r"^local(\d+)$")
@@ -35,14 +36,13 @@ def registered_nodes(job_dir: Path) -> list[str]:
         return names
     with contextlib.suppress(OSError), open(path, errors="replace") as fh:
         for line in fh:
-            if '"node_registered"' not in line:
+            if f'"{NodeRegistered.KIND}"' not in line:
                 continue
             try:
-                event = json.loads(line)
-            except ValueError:  # a line being written
+                found = of_kind([json.loads(line)], NodeRegistered)
+            except (ValueError, EventFormatError):  # a line being written
                 continue
-            if event.get("event") == "node_registered" and event.get("node") not in names:
-                names.append(str(event["node"]))
+            names += [e.node for e in found if e.node not in names]
     return names
 
 

@@ -25,6 +25,7 @@ import torch
 from slurm_elastic.config import JobConfig
 from slurm_elastic.decide.chaos import ChaosFault, plan_chaos, steps_needed
 from slurm_elastic.errors import ElasticError
+from slurm_elastic.eventtypes import CheckpointFallback, GenerationReady, of_kind
 from slurm_elastic.faults import FaultPlan
 from slurm_elastic.launch.local import LocalJob
 from slurm_elastic.ledger import analyze
@@ -182,9 +183,9 @@ def verdict(
     expected = reference(data, steps, out / "reference.pt", reduce_dtype)
     ledger = analyze(out / "ledger")
     diff = max_param_rel_diff(torch.load(model), expected)
-    ready = [e for e in events if e["event"] == "generation_ready"]
-    lost = sum(int(e.get("lost_committed_steps", 0)) for e in ready)
-    lost += sum(int(e["replayed_steps"]) for e in events if e["event"] == "checkpoint_fallback")
+    ready = of_kind(events, GenerationReady)
+    lost = sum(e.lost_committed_steps for e in ready)
+    lost += sum(e.replayed_steps for e in of_kind(events, CheckpointFallback))
     bound = tolerance(reduce_dtype, steps)
     return {
         "steps": ledger.committed_steps,

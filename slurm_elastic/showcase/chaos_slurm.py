@@ -27,6 +27,15 @@ from typing import Any
 from slurm_elastic.decide.chaos import ChaosFault, plan_slurm_chaos, steps_needed
 from slurm_elastic.errors import ElasticError
 from slurm_elastic.events import EventsFile
+from slurm_elastic.eventtypes import (
+    Commit,
+    DrainRequested,
+    GenerationReady,
+    MembershipChange,
+    NodeLost,
+    WorkerRegistered,
+    of_kind,
+)
 from slurm_elastic.jobdir import job_dir, user_name
 from slurm_elastic.launch.slurm import satellites_of
 from slurm_elastic.showcase.chaos import PAUSE_S, command, fault_plan, fired, verdict
@@ -61,8 +70,8 @@ def held_step(events: list[dict[str, Any]]) -> int:
     """The newest step the job holds. A `commit` record is rank 0's own commit; when a fault struck between
     the ranks' commits of a step, rank 0 takes that step from a peer as the next generation forms, and only
     that generation's `resume_step` says so."""
-    steps = [e["step"] for e in events if e["event"] == "commit"]
-    steps += [e["resume_step"] for e in events if e["event"] == "generation_ready"]
+    steps = [c.step for c in of_kind(events, Commit)]
+    steps += [g.resume_step for g in of_kind(events, GenerationReady)]
     return max(steps, default=0)
 
 
@@ -83,30 +92,31 @@ class _Job(EventsFile):
         return held_step(self.events())
 
     def members(self) -> set[str]:
-        changes = self.events("membership_change")
-        return {w.split(":")[0] for w in changes[-1]["ranks"]} if changes else set()
+        changes = self.of(MembershipChange)
+        return {w.split(":")[0] for w in changes[-1].ranks} if changes else set()
 
     def registered(self) -> set[str]:
         """Nodes whose worker is there, ready to join: registered, and neither its agent lost nor its worker
         out of the job since (the membership change shows a loss before the agent's end does)."""
         nodes: set[str] = set()
-        for e in self.events():
-            if e["event"] == "worker_registered":
-                nodes.add(e["node"])
-            elif e["event"] == "node_lost":
-                nodes.discard(e["node"])
-            elif e["event"] == "membership_change":
-                nodes -= {w.split(":")[0] for w in e["left"]}
+        for record in self.events():
+            match record.get("event"):
+                case WorkerRegistered.KIND:
+                    nodes.add(WorkerRegistered.from_event(record).node)
+                case NodeLost.KIND:
+                    nodes.discard(NodeLost.from_event(record).node)
+                case MembershipChange.KIND:
+                    nodes -= {w.split(":")[0] for w in MembershipChange.from_event(record).left}
         return nodes
 
     def ready(self) -> bool:
         """The latest generation formed, and its state transfer ended (done, or failed by a fault)."""
-        changes, ready = self.events("membership_change"), self.events("generation_ready")
-        return not changes or any(e["generation"] >= changes[-1]["generation"] for e in ready)
+        changes, ready = self.of(MembershipChange), self.of(GenerationReady)
+        return not changes or any(e.generation >= changes[-1].generation for e in ready)
 
     def left_since(self, since: float) -> list[str]:
         """Nodes whose workers left the job (failed, evicted, drained) in membership changes after `since`."""
-        return [w.split(":")[0] for e in self.events("membership_change") if e["time"] >= since for w in e["left"]]
+        return [w.split(":")[0] for e in self.of(MembershipChange) if e.time >= since for w in e.left]
 
     def wait(self, what: str, predicate: Callable[[], bool], timeout: float = 180.0) -> None:
         def alive_and(predicate: Callable[[], bool]) -> bool:
@@ -145,7 +155,7 @@ class _Job(EventsFile):
         return out
 
     def drained_since(self, since: float, node: str | None) -> bool:
-        return any(e["time"] >= since and (node is None or node in e["nodes"]) for e in self.events("drain_requested"))
+        return any(e.time >= since and (node is None or node in e.nodes) for e in self.of(DrainRequested))
 
     def allow(self, step: int | None) -> None:
         """No step numbered above `step` starts (None: no bound). Written whole, then renamed into place."""
@@ -192,13 +202,13 @@ class _Job(EventsFile):
                 time.sleep(0.5)
             # The next generation after the last registration (the newcomers in; or someone lost while they
             # were let in), in sync. Not after this poll: a joiner may be let in at a step still in flight.
-            crossed = max(e["time"] for e in self.events("worker_registered"))
+            crossed = max(e.time for e in self.of(WorkerRegistered))
             self.wait_stepping("the next generation", lambda t=crossed: self.changed_since(t) and self.ready())  # type: ignore[misc]
             joined += sorted(self.members() - before)
         return joined
 
     def changed_since(self, since: float) -> bool:
-        return any(e["time"] >= since for e in self.events("membership_change"))
+        return any(e.time >= since for e in self.of(MembershipChange))
 
 
 class _Runner:

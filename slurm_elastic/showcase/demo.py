@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from slurm_elastic.config import JobConfig
+from slurm_elastic.eventtypes import GenerationReady, MembershipChange
 from slurm_elastic.showcase.metrics import max_param_rel_diff, tolerance
 from slurm_elastic.showcase.scenario import Action, ScenarioResult, run_scenario
 from slurm_elastic.showcase.workload import corpus, train_command
@@ -69,14 +70,14 @@ def run_demo(plan: DemoPlan, workdir: Path | None = None) -> dict[str, Any]:
     )
     actions = [Action(plan.kill_at, "kill_node", plan.victim, delay_s=0.02), Action(plan.join_at, "add_node")]
     res, model = _run("elastic", out, plan, actions, data)
-    ready = res.events_of("generation_ready")
-    changes = res.events_of("membership_change")
+    ready = res.of(GenerationReady)
+    changes = res.of(MembershipChange)
     summary = {
         "steps": res.ledger.committed_steps if res.ledger else 0,
         "failures": len(res.recoveries),
-        "joins": sum(len(e["joined"]) for e in changes if e["cause"] != "start"),
+        "joins": sum(len(e.joined) for e in changes if e.cause != "start"),
         "mttr_s": [round(r.mttr_s, 4) if r.mttr_s is not None else None for r in res.recoveries],
-        "lost_committed_steps": sum(int(e.get("lost_committed_steps", 0)) for e in ready),
+        "lost_committed_steps": sum(e.lost_committed_steps for e in ready),
         "duplicate_samples": res.ledger.duplicate_samples if res.ledger else None,
         "skipped_samples": res.ledger.skipped_samples if res.ledger else None,
         "final_loss": round(res.commits[-1].loss, 6) if res.commits else None,
@@ -84,7 +85,7 @@ def run_demo(plan: DemoPlan, workdir: Path | None = None) -> dict[str, Any]:
         "max_param_rel_diff": max_param_rel_diff(torch.load(model), torch.load(ref_model)),
         "reduce_dtype": plan.reduce_dtype,
         "tolerance": tolerance(plan.reduce_dtype, plan.steps),
-        "world_sizes": [e["world"] for e in changes],
+        "world_sizes": [e.world for e in changes],
         "generations": len(changes),
         "elapsed_s": round(time.monotonic() - started, 1),
         "workdir": str(out),

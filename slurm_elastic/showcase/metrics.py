@@ -6,7 +6,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from slurm_elastic.coordinator.records import Commit
+from slurm_elastic.eventtypes import Commit
 
 
 @dataclass(frozen=True)

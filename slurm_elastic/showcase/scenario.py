@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from slurm_elastic.config import JobConfig
-from slurm_elastic.coordinator.records import Commit
 from slurm_elastic.events import read_events
+from slurm_elastic.eventtypes import Commit, E, of_kind
 from slurm_elastic.faults import FaultPlan
 from slurm_elastic.launch.local import JobResult, LocalJob
 from slurm_elastic.ledger import LedgerReport, analyze
@@ -45,7 +45,12 @@ class ScenarioResult:
     actions_done: list[tuple[Action, str, float]] = field(default_factory=list)
 
     def events_of(self, kind: str) -> list[dict[str, Any]]:
+        """The job's records of any kind (`of` reads a catalogued kind as its type)."""
         return [e for e in self.events if e["event"] == kind]
+
+    def of(self, kind: type[E]) -> list[E]:
+        """The job's events of one catalogued kind, as its type."""
+        return of_kind(self.events, kind)
 
 
 def run_scenario(

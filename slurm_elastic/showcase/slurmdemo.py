@@ -21,9 +21,9 @@ from typing import Any
 
 import torch
 
-from slurm_elastic.coordinator.records import Commit
 from slurm_elastic.errors import ElasticError
 from slurm_elastic.events import EventsFile
+from slurm_elastic.eventtypes import Commit, MembershipChange
 from slurm_elastic.jobdir import job_dir
 from slurm_elastic.launch.slurm import submit_satellite
 from slurm_elastic.ledger import analyze
@@ -83,7 +83,7 @@ def run_slurm_demo(workdir: Path | None, log: Callable[[str], None], reduce_dtyp
         job.wait("the job to start", lambda: job.world() == 3)
         satellite = submit_satellite(backend, job.job_id, "train", env=job.env)
         job.wait("the satellite to join", lambda: job.world() == 4)
-        job.wait("a few more steps", lambda: len(job.events("commit")) >= 20)
+        job.wait("a few more steps", lambda: len(job.of(Commit)) >= 20)
         killed = time.time()
         cluster.kill_node("n2")
         job.wait("recovery from the node failure", lambda: job.world() == 3)
@@ -93,27 +93,27 @@ def run_slurm_demo(workdir: Path | None, log: Callable[[str], None], reduce_dtyp
         job.wait("the satellite to rejoin", lambda: job.world() == 3, timeout=300)
         job.wait("the end of training", job.finished, timeout=900)
         backend.cancel(satellite)
-        commits = [Commit.from_event(e) for e in job.events("commit")]
-        ref_commits = ref.events("commit")
+        commits = job.of(Commit)
+        ref_commits = ref.of(Commit)
         ledger = analyze(job.root / "ledger")
-        changes = job.events("membership_change")
+        changes = job.of(MembershipChange)
         recovery = recovery_after(killed, commits)
         summary = {
             "steps": ledger.committed_steps,
             "failures": 1,
-            "joins": sum(len(e["joined"]) for e in changes if e["cause"] != "start"),
+            "joins": sum(len(e.joined) for e in changes if e.cause != "start"),
             "mttr_s": [round(recovery.mttr_s, 4) if recovery.mttr_s is not None else None],
             "lost_committed_steps": recovery.lost_steps,
             "duplicate_samples": ledger.duplicate_samples,
             "skipped_samples": ledger.skipped_samples,
-            "final_loss": round(job.events("commit")[-1]["loss"], 6),
-            "reference_final_loss": round(ref_commits[-1]["loss"], 6),
+            "final_loss": round(commits[-1].loss, 6),
+            "reference_final_loss": round(ref_commits[-1].loss, 6),
             "max_param_rel_diff": max_param_rel_diff(
                 torch.load(job.root / "model.pt"), torch.load(ref.root / "model.pt")
             ),
             "reduce_dtype": reduce_dtype,
             "tolerance": tolerance(reduce_dtype, STEPS),
-            "world_sizes": [e["world"] for e in changes],
+            "world_sizes": [e.world for e in changes],
             "generations": len(changes),
             "events": sorted({e["event"] for e in job.events()} - {"commit", "progress"}),
             "slurm_jobs": {"core": job.job_id, "satellite": satellite, "infer": infer, "reference": ref.job_id},

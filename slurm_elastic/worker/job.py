@@ -403,7 +403,7 @@ class ElasticJob:
 
     def _recover(self, *, patient: bool) -> None:
         self._strategy.abandon()
-        entered = self._runtime.recover(self._held, patient=patient)
+        entered = self._runtime.recover(self._strategy, patient=patient)
         self._entered()
         self._hooks.settled(self._held.cursor)  # a rank healed past an epoch's end runs its hooks
         self._runtime.report_generation(entered, self._stepper.generation_fields())

@@ -14,8 +14,8 @@ The order of the calls for one step attempt, on every rank of a generation:
     finish() -> (loss, change)     the step's sums completed on every rank, or CollectiveFailed
     commit(number, plan)           the optimizer step: the step is committed on this rank
 
-and `abandon()` whenever an attempt is given up (a failure, a new generation). Between generations the
-runtime calls `held.synchronize(...)` to bring every member to the same committed state from its peers.
+and `abandon()` whenever an attempt is given up (a failure, a new generation). As each generation forms, the
+runtime calls `heal(...)` on every member: they end holding the same committed state, from their peers.
 """
 
 from __future__ import annotations
@@ -56,13 +56,6 @@ class Held(Protocol):
     reference_world: int | None
     global_batch: int | None
     step_fn: Callable[[], Any]  # the optimizer's real step (the script's own call may be a no-op)
-
-    @property
-    def committed_step(self) -> int: ...
-
-    def synchronize(
-        self, group: Group, store: Any, key_prefix: str, members: list[str], before_transfer: Callable[[], None]
-    ) -> SyncResult: ...
 
 
 class Checkpoints(Protocol):
@@ -120,6 +113,15 @@ class Strategy(Protocol):
 
     def abandon(self) -> None:
         """The attempt is given up: nothing of it may touch the next one."""
+        ...
+
+    def heal(
+        self, group: Group, store: Any, key_prefix: str, members: list[str], before_transfer: Callable[[], None]
+    ) -> SyncResult:
+        """A generation formed over `group`: every member ends holding the same committed state, the newest any
+        of them holds, taken from peers (never from disk: a strategy that must read its checkpoint raises
+        `StateLost`). The generation's store serves what the members publish under `key_prefix`;
+        `before_transfer()` runs once a transfer is planned (a fault's "transfer" phase)."""
         ...
 
     def start_alone(self, group: Group, member: str) -> None:

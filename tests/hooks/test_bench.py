@@ -7,6 +7,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from slurm_elastic.eventtypes import DrainRequested, MembershipChange, NodeLost
 from slurm_elastic.hooks.bench import Job, _figures, hooks_dir_of
 from slurm_elastic.jobdir import job_dir
 
@@ -21,12 +22,21 @@ def test_hooks_dir_of_a_cluster(tmp_path: Path) -> None:
     assert hooks_dir_of(cluster) == Path("/opt/se hooks")
 
 
+def change(time: float, world: int) -> dict[str, Any]:
+    ranks = tuple(f"n{i}:0" for i in range(world))
+    return {
+        "event": "membership_change",
+        "time": time,
+        **MembershipChange(2, "x", 4, world, ranks, (), (), None, "Lost").fields(),
+    }
+
+
 def test_eviction_and_who_told_first(tmp_path: Path) -> None:
     events = [
-        {"event": "membership_change", "time": 5.0, "world": 4},
-        {"event": "drain_requested", "time": 10.4, "source": "healthcheck", "nodes": ["n3"]},
-        {"event": "drain_requested", "time": 11.0, "source": "local", "nodes": ["n3"]},
-        {"event": "membership_change", "time": 10.7, "world": 3},
+        change(5.0, 4),
+        {"event": "drain_requested", "time": 10.4, **DrainRequested(("n3",), "graceful", "x", "healthcheck").fields()},
+        {"event": "drain_requested", "time": 11.0, **DrainRequested(("n3",), "graceful", "x", "local").fields()},
+        change(10.7, 3),
     ]
     path = job_dir("7", tmp_path / "home") / "events.jsonl"
     path.parent.mkdir(parents=True)
@@ -34,8 +44,8 @@ def test_eviction_and_who_told_first(tmp_path: Path) -> None:
     job = Job(tmp_path, {"SLURM_ELASTIC_HOME": str(tmp_path / "home")}, "7")
     assert job.world() == 3
     assert job.eviction_after(10.0, 3) == (0.7, "healthcheck")
-    path.write_text(path.read_text() + json.dumps({"event": "node_lost", "time": 20.1, "node": "n2"}) + "\n")
-    path.write_text(path.read_text() + json.dumps({"event": "membership_change", "time": 20.2, "world": 2}) + "\n")
+    lost = {"event": "node_lost", "time": 20.1, **NodeLost("n2", ("n2:0",)).fields()}
+    path.write_text(path.read_text() + json.dumps(lost) + "\n" + json.dumps(change(20.2, 2)) + "\n")
     assert job.eviction_after(20.0, 2) == (0.2, "connection lost")
 
 

@@ -12,6 +12,7 @@ import torch
 
 from slurm_elastic.config import JobConfig
 from slurm_elastic.data import default_corpus, prepare_data
+from slurm_elastic.eventtypes import MembershipChange
 from slurm_elastic.faults import FaultPlan
 from slurm_elastic.showcase.metrics import max_param_rel_diff
 from slurm_elastic.showcase.scenario import Action, ScenarioResult, run_scenario
@@ -125,4 +126,4 @@ def assert_same_training(
 
 
 def membership_changes(res: ScenarioResult) -> list[tuple[str, int, int]]:
-    return [(e["cause"], e["world_before"], e["world"]) for e in res.events_of("membership_change")]
+    return [(e.cause, e.world_before, e.world) for e in res.of(MembershipChange)]

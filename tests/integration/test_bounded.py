@@ -9,7 +9,9 @@ import time
 import pytest
 
 from slurm_elastic.decide import membership as m
+from slurm_elastic.eventtypes import GenerationReady, of_kind
 from slurm_elastic.testing.threadranks import ThreadJob
+from slurm_elastic.waiting import wait_until
 from slurm_elastic.worker.membership.comm import REAPER
 
 from .test_inthread import trainer
@@ -49,10 +51,8 @@ def new_generation(job: ThreadJob) -> None:
     before = job.coordinator.view().generation
     member = job.coordinator.call(lambda: coord.state.members[0])
     job.coordinator.call(coord._feed, m.Faulted(member, before, "forced by the test"))
-    deadline = time.monotonic() + 30
-    while not any(e["event"] == "generation_ready" and e["generation"] == before + 1 for e in coord.events.recent(20)):
-        assert time.monotonic() < deadline, f"generation {before + 1} never formed"
-        time.sleep(0.01)
+    formed = lambda: any(e.generation == before + 1 for e in of_kind(coord.events.recent(20), GenerationReady))  # noqa: E731
+    wait_until(formed, timeout=30, what=f"generation {before + 1} to form", poll=0.01)
 
 
 def test_a_hundred_generations_leak_no_descriptors_and_no_bookkeeping() -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from slurm_elastic.eventtypes import GenerationReady, Recovered
 from slurm_elastic.faults import FaultPlan
 from slurm_elastic.showcase.metrics import max_param_rel_diff
 from slurm_elastic.showcase.scenario import Action
@@ -22,8 +23,8 @@ pytestmark = [pytest.mark.multiproc, pytest.mark.timeout(300)]
 def test_uneven_world_size_gives_the_same_model(runner: Runner, reference: dict[str, torch.Tensor]) -> None:
     res = runner("world-3", nodes=3)  # 4 micro-batches over 3 ranks: 2 + 1 + 1
     assert_same_training(res, reference)
-    ready = res.events_of("generation_ready")[0]
-    assert "1-2 micro" not in ready["batch_policy"] and "8-16 samples per rank" in ready["batch_policy"]
+    ready = res.of(GenerationReady)[0]
+    assert "1-2 micro" not in ready.batch_policy and "8-16 samples per rank" in ready.batch_policy
 
 
 def test_node_joins_and_heals_from_peers(runner: Runner, reference: dict[str, torch.Tensor]) -> None:
@@ -31,10 +32,10 @@ def test_node_joins_and_heals_from_peers(runner: Runner, reference: dict[str, to
     res = runner("join", nodes=2, actions=joins, script=SLOW, script_args=("--pause", "1.0"))
     assert_same_training(res, reference)
     assert membership_changes(res)[-1][2] == 4
-    joins = [e for e in res.events_of("generation_ready") if "join" in e["cause"]]
-    assert joins and all(e["bytes"] > 0 for e in joins)
+    joins = [e for e in res.of(GenerationReady) if "join" in e.cause]
+    assert joins and all(e.bytes > 0 for e in joins)
     # two sources (the two first nodes) serve the joiners
-    assert any(len(e["sources"]) == 2 for e in joins)
+    assert any(len(e.sources) == 2 for e in joins)
 
 
 def test_graceful_drain_leaves_at_a_step_boundary(runner: Runner, reference: dict[str, torch.Tensor]) -> None:
@@ -44,7 +45,7 @@ def test_graceful_drain_leaves_at_a_step_boundary(runner: Runner, reference: dic
     assert drains == [("drain", 4, 3)]
     # A drain aborts nothing: no step is re-run. (Seen once in CI: the 3-rank group hit a gloo "Connection
     # refused" while forming; the faults are printed so a recurrence says where.)
-    assert not res.events_of("recovered"), res.events_of("collective_fault")
+    assert not res.of(Recovered), res.events_of("collective_fault")
 
 
 def test_sigterm_of_a_node_drains_it(runner: Runner, reference: dict[str, torch.Tensor]) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from slurm_elastic.eventtypes import CheckpointFallback
 from slurm_elastic.faults import FaultPlan
 
 from .conftest import Runner, assert_same_training
@@ -33,9 +34,9 @@ def test_all_holders_lost_resumes_from_the_latest_checkpoint(
         checkpoint_every=4,
     )
     assert_same_training(res, reference)
-    (fallback,) = res.events_of("checkpoint_fallback")
-    assert fallback["resume_step"] == 8 and fallback["last_committed_step"] == 10
-    assert fallback["replayed_steps"] == 2
+    (fallback,) = res.of(CheckpointFallback)
+    assert fallback.resume_step == 8 and fallback.last_committed_step == 10
+    assert fallback.replayed_steps == 2
     assert res.events_of("restart_all") and not res.events_of("job_failed")
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from slurm_elastic.eventtypes import GenerationReady, MembershipChange, Recovered
 from slurm_elastic.faults import FaultPlan
 
 from .conftest import FP32_TOLERANCE, SLOW, Runner, assert_same_training, membership_changes
@@ -22,9 +23,9 @@ def test_kill_one_worker_in_each_phase(runner: Runner, reference: dict[str, torc
     changes = membership_changes(res)
     assert changes[0] == ("start", 0, 4)
     assert changes[1][1:] == (4, 3), changes
-    assert len(res.events_of("recovered")) == 1
-    ready = [e for e in res.events_of("generation_ready") if e["generation"] == 2]
-    assert ready and ready[0]["lost_committed_steps"] == 0
+    assert len(res.of(Recovered)) == 1
+    ready = [e for e in res.of(GenerationReady) if e.generation == 2]
+    assert ready and ready[0].lost_committed_steps == 0
 
 
 def test_kill_two_nodes_at_once(runner: Runner, reference: dict[str, torch.Tensor]) -> None:
@@ -41,7 +42,7 @@ def test_kill_during_recovery(runner: Runner, reference: dict[str, torch.Tensor]
     assert_same_training(res, reference)
     worlds = [w for _, _, w in membership_changes(res)]
     assert worlds[0] == 4 and worlds[-1] == 2
-    assert max(e["generation"] for e in res.events_of("membership_change")) >= 3
+    assert max(e.generation for e in res.of(MembershipChange)) >= 3
 
 
 def test_worker_restarted_after_kill_rejoins(runner: Runner, reference: dict[str, torch.Tensor]) -> None:
@@ -50,8 +51,8 @@ def test_worker_restarted_after_kill_rejoins(runner: Runner, reference: dict[str
     assert_same_training(res, reference)
     worlds = [w for _, _, w in membership_changes(res)]
     assert worlds[:2] == [4, 3] and worlds[-1] == 4
-    join = [e for e in res.events_of("generation_ready") if e["cause"] == "join"]
-    assert join and join[0]["bytes"] > 0 and join[0]["receivers"]
+    join = [e for e in res.of(GenerationReady) if e.cause == "join"]
+    assert join and join[0].bytes > 0 and join[0].receivers
 
 
 # --- the same faults in the default float32 mode ----------------------------------------------------------
@@ -70,9 +71,9 @@ def test_float32_kill_one_worker_in_each_phase(
     res = runner(f"fp32-kill-{phase}", faults=FaultPlan().kill("local2", step=6, phase=phase), **FP32)  # type: ignore[arg-type]
     assert_close_training(res, reference_fp32)
     assert membership_changes(res)[1][1:] == (4, 3)
-    ready = [e for e in res.events_of("generation_ready") if e["generation"] == 2]
-    assert ready and ready[0]["lost_committed_steps"] == 0 and ready[0]["reduce_dtype"] == "float32"
-    assert ready[0]["buckets"] > 1, "several overlapped sums per step"
+    ready = [e for e in res.of(GenerationReady) if e.generation == 2]
+    assert ready and ready[0].lost_committed_steps == 0 and ready[0].reduce_dtype == "float32"
+    assert ready[0].buckets is not None and ready[0].buckets > 1, "several overlapped sums per step"
 
 
 def test_float32_kill_two_nodes_at_once_and_one_during_recovery(

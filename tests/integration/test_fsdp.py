@@ -17,6 +17,7 @@ import torch
 
 from slurm_elastic.config import JobConfig
 from slurm_elastic.events import read_events
+from slurm_elastic.eventtypes import CheckpointFallback, GenerationReady, MembershipChange, of_kind
 from slurm_elastic.faults import FaultPlan
 from slurm_elastic.launch.local import LocalJob
 from slurm_elastic.ledger import LedgerReport, analyze
@@ -126,12 +127,12 @@ def test_kills_in_forward_reduce_scatter_optimizer_and_commit_a_rejoin_and_a_cor
     _, events = run_rejoin(tmp_path, plan, {"max_restarts": 1})
     assert_model(tmp_path / "model.pt", reference)
     assert_ledger(analyze(tmp_path / "ledger"))
-    worlds = [e["world"] for e in events if e["event"] == "membership_change"]
+    worlds = [e.world for e in of_kind(events, MembershipChange)]
     assert worlds[:6] == [4, 3, 4, 3, 2, 1], worlds
-    ready = [e for e in events if e["event"] == "generation_ready"]
-    joined = [e for e in ready if e["cause"] == "join"]
-    assert joined and joined[0]["bytes"] > 0 and joined[0]["strategy"] == "fsdp2" and joined[0]["resume_step"] in (4, 5)
-    assert all(e["lost_committed_steps"] == 0 for e in ready), ready
+    ready = of_kind(events, GenerationReady)
+    joined = [e for e in ready if e.cause == "join"]
+    assert joined and joined[0].bytes > 0 and joined[0].strategy == "fsdp2" and joined[0].resume_step in (4, 5)
+    assert all(e.lost_committed_steps == 0 for e in ready), ready
     refused = [e for e in events if e["event"] == "shard_refused"]
     assert refused and "rank 0's own copy" in refused[0]["detail"] and "fails its digest check" in refused[0]["detail"]
 
@@ -142,10 +143,10 @@ def test_two_nodes_at_once_sharing_no_shard_then_a_drain(tmp_path: Path, referen
     plan = FaultPlan().kill_node("local2", step=3, phase="backward").kill_node("local4", step=3, phase="backward")
     res = run(tmp_path, "two-at-once", 5, faults=plan, actions=[Action(5, "drain_node", "local5")], pause=0.1)
     assert_reference(res, reference)
-    ready = res.events_of("generation_ready")  # the two losses may be seen one after the other (5 -> 4 -> 3)
-    assert [e["world"] for e in ready] == [5, 3, 2], ready
-    assert all(e["lost_committed_steps"] == 0 and e["strategy"] == "fsdp2" for e in ready), ready
-    assert ready[-1]["cause"] == "drain"
+    ready = res.of(GenerationReady)  # the two losses may be seen one after the other (5 -> 4 -> 3)
+    assert [e.world for e in ready] == [5, 3, 2], ready
+    assert all(e.lost_committed_steps == 0 and e.strategy == "fsdp2" for e in ready), ready
+    assert ready[-1].cause == "drain"
 
 
 def test_both_holders_of_a_shard_lost_resume_from_the_sharded_checkpoint(
@@ -158,8 +159,8 @@ def test_both_holders_of_a_shard_lost_resume_from_the_sharded_checkpoint(
     res = run(tmp_path, "fallback", 4, faults=plan, settings=settings)
     assert_reference(res, reference)
     assert len(res.events_of("state_lost")) >= 1 and "no live holder" in res.events_of("state_lost")[0]["detail"]
-    (fallback,) = res.events_of("checkpoint_fallback")
-    assert fallback["resume_step"] == 4 and fallback["last_committed_step"] == 5
+    (fallback,) = res.of(CheckpointFallback)
+    assert fallback.resume_step == 4 and fallback.last_committed_step == 5
 
 
 def test_hsdp_loses_both_holders_of_a_shard_and_resumes_from_the_first_replica_groups_checkpoint(
@@ -181,12 +182,11 @@ def test_hsdp_loses_both_holders_of_a_shard_and_resumes_from_the_first_replica_g
     _, events = run_rejoin(tmp_path, plan, settings, shard_group=2)
     assert_model(tmp_path / "model.pt", reference)
     assert_ledger(analyze(tmp_path / "ledger"))
-    ready = [e for e in events if e["event"] == "generation_ready"]
-    layouts = [(e["world"], e["shard_group"], e["mirrors"]) for e in ready]
+    layouts = [(e.world, e.shard_group, e.mirrors) for e in of_kind(events, GenerationReady)]
     assert layouts[:3] == [(4, 2, False), (3, 3, True), (4, 2, False)], layouts
     assert layouts[-1] == (2, 2, True), layouts
     assert sorted(p.name for p in (tmp_path / "ckpt" / "step-000000006").iterdir()) == ["rank-00000", "rank-00001"]
     lost = [e for e in events if e["event"] == "state_lost"]
     assert lost and "no live holder" in lost[0]["detail"], lost
-    (fallback,) = [e for e in events if e["event"] == "checkpoint_fallback"]
-    assert fallback["resume_step"] == 6, fallback
+    (fallback,) = of_kind(events, CheckpointFallback)
+    assert fallback.resume_step == 6, fallback

@@ -21,6 +21,7 @@ from torch.distributed.fsdp import fully_shard
 from slurm_elastic.decide.layout import plan_layout
 from slurm_elastic.decide.reshard import shard_rows
 from slurm_elastic.errors import ConfigError
+from slurm_elastic.eventtypes import GenerationReady, of_kind
 from slurm_elastic.faults import FaultPlan
 from slurm_elastic.ledger import analyze
 from slurm_elastic.showcase.metrics import max_param_rel_diff, tolerance
@@ -141,14 +142,18 @@ def events(job: ThreadJob, kind: str) -> list[dict[str, Any]]:
     return [e for e in job.coordinator.coordinator.events.recent(200) if e["event"] == kind]
 
 
+def ready_events(job: ThreadJob) -> list[GenerationReady]:
+    return of_kind(job.coordinator.coordinator.events.recent(200), GenerationReady)
+
+
 def test_no_fault_matches_the_one_process_training(tmp_path: Path) -> None:
     job = ThreadJob(trainer(), nodes=3, reduce_dtype="float32", ledger_dir=tmp_path)
     assert_reference(job.run(), world=3)
     assert_exactly_once(tmp_path)
-    ready = events(job, "generation_ready")[0]
-    assert ready["strategy"] == "fsdp2" and ready["mirrors"] is True and "fresh start" in ready["transfer"]
+    ready = ready_events(job)[0]
+    assert ready.strategy == "fsdp2" and ready.mirrors is True and "fresh start" in ready.transfer
     # The script seeds its model: every rank holds the same initial state and takes its rows locally.
-    assert ready["bytes"] == 0 and "3 members hold the same" in ready["transfer"], ready
+    assert ready.bytes == 0 and "3 members hold the same" in ready.transfer, ready
 
 
 def test_a_rank_whose_initial_model_differs_takes_rank_0s(tmp_path: Path) -> None:
@@ -159,12 +164,12 @@ def test_a_rank_whose_initial_model_differs_takes_rank_0s(tmp_path: Path) -> Non
 
     job = ThreadJob(trainer(poke=differ), nodes=3, reduce_dtype="float32", ledger_dir=tmp_path)
     assert_reference(job.run(), world=3)
-    ready = events(job, "generation_ready")[0]
-    assert ready["receivers"] == [1] and "2 members hold the same" in ready["transfer"]
+    ready = ready_events(job)[0]
+    assert ready.receivers == (1,) and "2 members hold the same" in ready.transfer
     # The event counts every rank's sends: rank 1's own shard and its ward's, taken from ranks 0 and 2.
     ward = plan_layout(["t1", "t2", "t3"], None).wards[1]  # type: ignore[index]
     rows = [(p, *shard_rows(len(p), 3, i)) for p in model(shard=False).parameters() for i in (1, ward)]
-    assert ready["bytes"] == sum((hi - lo) * p[0].numel() * p.element_size() for p, lo, hi in rows), ready
+    assert ready.bytes == sum((hi - lo) * p[0].numel() * p.element_size() for p, lo, hi in rows), ready
 
 
 def test_the_placeholder_mesh_model_is_released_once_on_the_generation_mesh() -> None:
@@ -211,8 +216,8 @@ def test_a_rank_dying_in_a_collective_is_healed_from_its_mirror(
     assert results["t2:0:0"].died
     assert_reference(results, world=nodes - 1)
     assert_exactly_once(tmp_path)
-    healed = events(job, "generation_ready")[-1]
-    assert healed["generation"] == 2 and healed["world"] == nodes - 1 and healed["bytes"] > 0
+    healed = ready_events(job)[-1]
+    assert healed.generation == 2 and healed.world == nodes - 1 and healed.bytes > 0
 
 
 def test_a_rank_that_missed_the_commit_finishes_the_step_from_its_gradients(tmp_path: Path) -> None:
@@ -222,8 +227,8 @@ def test_a_rank_that_missed_the_commit_finishes_the_step_from_its_gradients(tmp_
     job = ThreadJob(trainer(), nodes=3, faults=[fault], reduce_dtype="float32", ledger_dir=tmp_path)
     assert_reference(job.run(), world=3)
     assert_exactly_once(tmp_path)
-    healed = events(job, "generation_ready")[-1]
-    assert healed["resume_step"] == 2 and "finish step 2 first" in healed["transfer"], healed
+    healed = ready_events(job)[-1]
+    assert healed.resume_step == 2 and "finish step 2 first" in healed.transfer, healed
 
 
 def test_two_ranks_lost_at_once_that_share_no_shard(tmp_path: Path) -> None:
@@ -274,8 +279,8 @@ def test_a_joiner_takes_its_shards_from_peers(tmp_path: Path) -> None:
     job, results = grow_by_one(2, tmp_path)
     assert_reference(results, world=3)
     assert_exactly_once(tmp_path)
-    grown = events(job, "generation_ready")[-1]
-    assert grown["world"] == 3 and 2 in grown["receivers"]
+    grown = ready_events(job)[-1]
+    assert grown.world == 3 and 2 in grown.receivers
 
 
 def test_a_drained_rank_leaves_and_the_rest_re_shard(tmp_path: Path) -> None:
@@ -377,8 +382,8 @@ def test_a_snapshot_saved_by_every_rank_resumes_at_another_world_size(tmp_path: 
     second = ThreadJob(trainer(resume_from=snapshot), nodes=2, reduce_dtype="float32", ledger_dir=tmp_path / "l")
     results = second.run()
     assert_reference(results, world=2)  # the user's own state (a count of 8 steps) came back too
-    ready = events(second, "generation_ready")[0]
-    assert ready["resume_step"] == 4 and "sharded checkpoint of step 4 (saved by 3 ranks)" in ready["transfer"], ready
+    ready = ready_events(second)[0]
+    assert ready.resume_step == 4 and "sharded checkpoint of step 4 (saved by 3 ranks)" in ready.transfer, ready
     # The same snapshot, resumed by the script run on its own (no launcher: one process, the whole model).
     net = model()
     opt = torch.optim.AdamW(net.parameters(), lr=0.01, weight_decay=0.1)

@@ -25,8 +25,8 @@ from tests.integration.test_fsdp_threads import (
     MICRO_BATCH,
     assert_exactly_once,
     assert_reference,
-    events,
     grow_by_one,
+    ready_events,
     trainer,
 )
 
@@ -37,8 +37,8 @@ def test_four_ranks_train_as_two_replica_groups_of_two(tmp_path: Path) -> None:
     job = ThreadJob(trainer(shard_group=2), nodes=4, reduce_dtype="float32", ledger_dir=tmp_path)
     assert_reference(job.run(), world=4)
     assert_exactly_once(tmp_path)
-    ready = events(job, "generation_ready")[0]
-    assert (ready["shard_group"], ready["replica_groups"], ready["mirrors"]) == (2, 2, False), ready
+    ready = ready_events(job)[0]
+    assert (ready.shard_group, ready.replica_groups, ready.mirrors) == (2, 2, False), ready
 
 
 @pytest.mark.parametrize(
@@ -57,9 +57,9 @@ def test_a_rank_dying_in_hsdp_is_healed_from_its_replica_and_the_rest_mirror(
     assert results["t2:0:0"].died
     assert_reference(results, world=3)
     assert_exactly_once(tmp_path)
-    healed = events(job, "generation_ready")[-1]
-    assert healed["world"] == 3 and healed["shard_group"] == 3 and healed["mirrors"] is True, healed
-    assert healed["resume_step"] >= 2 and healed["bytes"] > 0, healed
+    healed = ready_events(job)[-1]
+    assert healed.world == 3 and healed.shard_group == 3 and healed.mirrors is True, healed
+    assert healed.resume_step >= 2 and healed.bytes > 0, healed
 
 
 def test_five_ranks_of_single_shard_groups_lose_three_and_two_go_on(tmp_path: Path) -> None:
@@ -72,22 +72,22 @@ def test_five_ranks_of_single_shard_groups_lose_three_and_two_go_on(tmp_path: Pa
     results = job.run()
     assert_reference(results, world=2)
     assert_exactly_once(tmp_path)
-    healed = events(job, "generation_ready")[-1]
-    assert (healed["world"], healed["shard_group"], healed["replica_groups"]) == (2, 1, 2), healed
-    assert healed["resume_step"] >= 2, healed
+    healed = ready_events(job)[-1]
+    assert (healed.world, healed.shard_group, healed.replica_groups) == (2, 1, 2), healed
+    assert healed.resume_step >= 2, healed
 
 
 def test_a_joiner_turns_three_mirrored_ranks_into_two_replica_groups(tmp_path: Path) -> None:
     job, results = grow_by_one(3, tmp_path, shard_group=2)
     assert_reference(results, world=4)
     assert_exactly_once(tmp_path)
-    first, grown = events(job, "generation_ready")[0], events(job, "generation_ready")[-1]
-    assert (first["shard_group"], first["mirrors"]) == (3, True), first
-    assert (grown["world"], grown["shard_group"], grown["replica_groups"], grown["mirrors"]) == (4, 2, 2, False)
-    assert 3 in grown["receivers"], grown
+    first, grown = ready_events(job)[0], ready_events(job)[-1]
+    assert (first.shard_group, first.mirrors) == (3, True), first
+    assert (grown.world, grown.shard_group, grown.replica_groups, grown.mirrors) == (4, 2, 2, False)
+    assert 3 in grown.receivers, grown
     # The groups split from a generation's keep their keys in its namespace: dropped with it, never shared.
     state = job.coordinator.coordinator.store.state
-    assert all(isinstance(ns, int) and ns >= grown["generation"] for ns in state.namespaces()), state.namespaces()
+    assert all(isinstance(ns, int) and ns >= grown.generation for ns in state.namespaces()), state.namespaces()
 
 
 def test_a_bad_shard_group_or_mixed_meshes_are_refused_by_name() -> None:

@@ -17,6 +17,7 @@ from torch import nn
 
 from slurm_elastic.decide import membership as m
 from slurm_elastic.decide import worker as decide
+from slurm_elastic.eventtypes import GenerationReady, of_kind
 from slurm_elastic.ledger import analyze
 from slurm_elastic.showcase.metrics import max_param_rel_diff, tolerance
 from slurm_elastic.testing.threadranks import GroupFault, RankResult, ThreadJob
@@ -122,8 +123,8 @@ def test_a_rank_dying_once_its_sums_completed_loses_no_committed_step(tmp_path: 
     assert_reference(results, world=2)
     ledger = analyze(tmp_path)
     assert (ledger.committed_steps, ledger.steps_committed_twice, ledger.duplicate_samples) == (STEPS, 0, 0)
-    ready = [e for e in job.coordinator.coordinator.events.recent(50) if e["event"] == "generation_ready"]
-    assert ready[-1]["generation"] == 2 and ready[-1]["resume_step"] == 2, "step 2 was kept, not re-run"
+    ready = of_kind(job.coordinator.coordinator.events.recent(50), GenerationReady)
+    assert ready[-1].generation == 2 and ready[-1].resume_step == 2, "step 2 was kept, not re-run"
 
 
 def bucket_count() -> int:

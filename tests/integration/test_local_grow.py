@@ -19,6 +19,7 @@ import pytest
 from slurm_elastic.commands.jobs import trains_on
 from slurm_elastic.config import JobConfig
 from slurm_elastic.events import read_events
+from slurm_elastic.eventtypes import NodeRegistered
 from slurm_elastic.jobdir import JobHandle
 from slurm_elastic.launch.local import LocalJob
 from slurm_elastic.launch.localgrow import choose_local_nodes_to_reclaim, next_node_names, registered_nodes
@@ -56,12 +57,10 @@ def test_names_are_never_reused_and_the_newest_nodes_leave_first() -> None:
 
 
 def test_registered_nodes_come_from_the_events_file_and_never_read_a_device(tmp_path: Path) -> None:
-    lines = [
-        {"event": "node_registered", "node": "local2"},
-        {"event": "progress", "step": 3},
-        {"event": "node_registered", "node": "local1"},
-        {"event": "node_registered", "node": "local2"},
-    ]
+    def registered(node: str) -> dict[str, object]:
+        return {"event": "node_registered", **NodeRegistered(node, "host", 1, None).fields()}
+
+    lines = [registered("local2"), {"event": "progress", "step": 3}, registered("local1"), registered("local2")]
     (tmp_path / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in lines) + '{"event": "node_reg')
     assert registered_nodes(tmp_path) == ["local2", "local1"], "in order, once each, a torn last line skipped"
     device = tmp_path / "device"

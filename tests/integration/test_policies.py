@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from slurm_elastic.eventtypes import GenerationReady
 from slurm_elastic.faults import FaultPlan
 
 from .conftest import SLOW, STEPS, Runner
@@ -18,11 +19,11 @@ def test_scaled_learning_rate_follows_the_world_and_data_stays_exactly_once(runn
     args = ("--per-replica-batch", "8", "--lr-rule", "sqrt")
     res = runner("scale-lr", faults=plan, script=SLOW, script_args=args)
     assert res.result.ok, res.result.reason
-    ready = res.events_of("generation_ready")
-    assert [e["world"] for e in ready] == [4, 3]
-    assert ready[0]["lr_factor"] == 1.0  # the first generation is the reference
-    assert ready[1]["lr_factor"] == pytest.approx(math.sqrt(3 / 4))
-    assert "scale learning rate (sqrt)" in ready[1]["batch_policy"]
+    ready = res.of(GenerationReady)
+    assert [e.world for e in ready] == [4, 3]
+    assert ready[0].lr_factor == 1.0  # the first generation is the reference
+    assert ready[1].lr_factor == pytest.approx(math.sqrt(3 / 4))
+    assert "scale learning rate (sqrt)" in ready[1].batch_policy
     assert res.ledger is not None
     # 5 steps of 4 x 8 samples, then 11 of 3 x 8; nothing twice, nothing skipped
     assert res.ledger.committed_steps == STEPS

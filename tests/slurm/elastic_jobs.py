@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,10 +14,12 @@ from typing import Any
 import torch
 
 from slurm_elastic.data import default_corpus, prepare_data
+from slurm_elastic.eventtypes import E, Progress, of_kind
 from slurm_elastic.jobdir import job_dir
 from slurm_elastic.ledger import LedgerReport, analyze
 from slurm_elastic.showcase.metrics import max_param_rel_diff
 from slurm_elastic.slurm import CliBackend, JobInfo
+from slurm_elastic.waiting import WaitTimedOut, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 CORE = REPO / "sbatch_templates" / "elastic_core.sbatch"
@@ -66,17 +67,18 @@ class ElasticSlurmJob:
         out = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
         return [e for e in out if kind is None or e["event"] == kind]
 
+    def of(self, kind: type[E]) -> list[E]:
+        """The job's events of one catalogued kind, as its type."""
+        return of_kind(self.events(), kind)
+
     def last_step(self) -> int:
-        return max((e["step"] for e in self.events("progress")), default=0)
+        return max((e.step for e in self.of(Progress)), default=0)
 
     def wait(self, what: str, predicate: Callable[[], bool], timeout: float = 180.0) -> None:
-        deadline = time.monotonic() + timeout
-        while not predicate():
-            if time.monotonic() > deadline:
-                raise AssertionError(
-                    f"job {self.job_id}: timed out waiting for {what}; output:\n{self.output()[-3000:]}"
-                )
-            time.sleep(0.2)
+        try:
+            wait_until(predicate, timeout=timeout, what=f"{what} (job {self.job_id})", poll=0.2)
+        except WaitTimedOut as exc:
+            raise AssertionError(f"{exc}; output:\n{self.output()[-3000:]}") from None
 
     def wait_step(self, step: int, timeout: float = 180.0) -> None:
         self.wait(f"step {step}", lambda: self.last_step() >= step, timeout)

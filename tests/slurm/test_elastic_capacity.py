@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from slurm_elastic.eventtypes import MembershipChange, NodeRegistered, Recovered
 from slurm_elastic.slurm import CliBackend
 from slurm_elastic.testing.devcluster import LocalCluster
 
@@ -42,7 +43,7 @@ def quiet_cluster(cluster: LocalCluster) -> None:
 
 
 def worlds(job: ElasticSlurmJob) -> list[int]:
-    return [e["world"] for e in job.events("membership_change")]
+    return [e.world for e in job.of(MembershipChange)]
 
 
 def elastic(job: ElasticSlurmJob, *args: str) -> subprocess.CompletedProcess[str]:
@@ -70,12 +71,12 @@ def test_preempted_satellite_leaves_cleanly_and_rejoins(cleanup: list[str], tmp_
     elastic(job, "grow", "--nodes", "1", "--partition", "train")
     cleanup.extend(satellites(job))
     job.wait("the satellite to join", lambda: worlds(job)[-1:] == [3], timeout=120)
-    satellite_node = next(e["node"] for e in job.events("node_registered") if e["node"] not in ("n1", "n2"))
+    satellite_node = next(e.node for e in job.of(NodeRegistered) if e.node not in ("n1", "n2"))
     cleanup.append(sbatch("--partition=infer", "--exclusive", f"--nodelist={satellite_node}", "--wrap=sleep 10"))
     job.wait("the satellite to drain", lambda: worlds(job)[-2:] == [3, 2], timeout=120)
-    drain = job.events("membership_change")[-1]
-    assert drain["cause"] == "drain" and drain["boundary_step"] is not None  # left at a step boundary
-    assert not job.events("recovered")  # nothing aborted, no committed step lost
+    drain = job.of(MembershipChange)[-1]
+    assert drain.cause == "drain" and drain.boundary_step is not None  # left at a step boundary
+    assert not job.of(Recovered)  # nothing aborted, no committed step lost
     job.wait("the requeued satellite to rejoin", lambda: worlds(job)[-3:] == [3, 2, 3], timeout=180)
     assert any(CliBackend().job(s).restart_count >= 1 for s in satellites(job))
     job.wait_finished()

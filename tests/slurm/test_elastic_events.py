@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from slurm_elastic.eventtypes import CheckpointFallback, MembershipChange, NodeLost, Recovered
 from slurm_elastic.faults import FaultPlan
 from slurm_elastic.testing.devcluster import LocalCluster
 
@@ -31,7 +32,7 @@ def jobs(slurm_cluster: LocalCluster) -> Iterator[list[ElasticSlurmJob]]:
 
 
 def worlds(job: ElasticSlurmJob) -> list[int]:
-    return [e["world"] for e in job.events("membership_change")]
+    return [e.world for e in job.of(MembershipChange)]
 
 
 def test_node_failure_is_handled_long_before_slurm_notices(
@@ -43,13 +44,13 @@ def test_node_failure_is_handled_long_before_slurm_notices(
     killed_at = time.time()
     slurm_cluster.kill_node("n3")
     job.wait("the job to shrink", lambda: 3 in worlds(job), timeout=60)
-    change = next(e for e in job.events("membership_change") if e["world"] == 3)
-    assert change["time"] - killed_at < 25, "recovery must not wait for Slurm's SlurmdTimeout (30 s)"
+    change = next(e for e in job.of(MembershipChange) if e.world == 3)
+    assert change.time - killed_at < 25, "recovery must not wait for Slurm's SlurmdTimeout (30 s)"
     assert not slurm_cluster.node_states()["n3"].startswith("down"), "Slurm had not noticed yet"
     slurm_cluster.restart_node("n3")  # the node comes back: the job starts an agent there, which rejoins
     job.wait("n3 to rejoin", lambda: worlds(job)[-1:] == [4], timeout=90)
-    rejoin = job.events("membership_change")[-1]
-    assert rejoin["cause"] == "join" and rejoin["boundary_step"] is not None
+    rejoin = job.of(MembershipChange)[-1]
+    assert rejoin.cause == "join" and rejoin.boundary_step is not None
     # The same node dies again, under the agent the job started there: that agent's srun outlives it and
     # must not keep the node from getting the next one.
     slurm_cluster.kill_node("n3")
@@ -83,13 +84,13 @@ def test_reclaim_drains_at_a_boundary_and_releases_the_nodes(jobs: list[ElasticS
     assert done.returncode == 0, done.stdout + done.stderr
     info = job.info()
     assert len(info.nodes) == 2 and batch_host in info.nodes  # released through Slurm, batch host kept
-    changes = job.events("membership_change")
-    assert changes[-1]["cause"] == "drain" and changes[-1]["boundary_step"] is not None
-    assert not job.events("recovered")  # nothing aborted, nothing re-run
+    changes = job.of(MembershipChange)
+    assert changes[-1].cause == "drain" and changes[-1].boundary_step is not None
+    assert not job.of(Recovered)  # nothing aborted, nothing re-run
     # The released nodes' agents were still there when the shrink came: Slurm ended them (none exited by
     # itself as the kill arrived, which can leave slurmstepd hanging until Slurm drains the node).
     released = {"n1", "n2", "n3", "n4"} - set(info.nodes)
-    assert released <= {e["node"] for e in job.events("node_lost")}  # reclaim waited for them to end
+    assert released <= {e.node for e in job.of(NodeLost)}  # reclaim waited for them to end
     job.wait_finished()
     killed = [line for line in job.output().splitlines() if line.startswith("srun: error: ") and "Killed" in line]
     assert {line.split()[2].rstrip(":") for line in killed} == released, killed
@@ -105,7 +106,7 @@ def test_a_suspended_and_resumed_job_evicts_no_one(jobs: list[ElasticSlurmJob], 
     subprocess.run(["scontrol", "resume", job.job_id], check=True, timeout=30)
     job.wait_finished()
     assert worlds(job) == [4], "nobody was evicted or lost"
-    assert not job.events("node_unresponsive") and not job.events("hang_evicted") and not job.events("node_lost")
+    assert not job.events("node_unresponsive") and not job.events("hang_evicted") and not job.of(NodeLost)
     job.assert_same_training(reference_model(tmp_path.parent, 40))
 
 
@@ -121,7 +122,7 @@ def test_every_holder_lost_restarts_the_workers_from_the_latest_checkpoint(
     job = submit_core(tmp_path / "fallback", nodes="4", steps=40, pause=0.3, env={**plan.to_env(), **restarts})
     jobs.append(job)
     job.wait_finished(hurry=False)  # at the pace of a job whose nodes are all there before step 15
-    (fallback,) = job.events("checkpoint_fallback")
-    assert fallback["resume_step"] == 10 and fallback["last_committed_step"] == 14  # a checkpoint every 10
+    (fallback,) = job.of(CheckpointFallback)
+    assert fallback.resume_step == 10 and fallback.last_committed_step == 14  # a checkpoint every 10
     assert job.events("restart_all") and not job.events("job_failed")
     job.assert_same_training(reference_model(tmp_path.parent, 40))

@@ -9,12 +9,12 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
 
 from slurm_elastic.config import JobConfig
+from slurm_elastic.eventtypes import CheckpointFallback, GenerationReady, MembershipChange, WorkerRegistered
 from slurm_elastic.launch.local import LocalJob
 from slurm_elastic.showcase.metrics import max_param_rel_diff, tolerance
 from slurm_elastic.testing.devcluster import LocalCluster
@@ -54,8 +54,8 @@ def cluster(slurm_cluster: LocalCluster) -> Iterator[LocalCluster]:
     slurm_cluster.wait_nodes(slurm_cluster.nodes, want_idle=True, timeout_s=120)
 
 
-def ready_at(job: ElasticSlurmJob, world: int) -> list[dict[str, Any]]:
-    return [e for e in job.events("generation_ready") if e.get("world") == world]
+def ready_at(job: ElasticSlurmJob, world: int) -> list[GenerationReady]:
+    return [e for e in job.of(GenerationReady) if e.world == world]
 
 
 def test_fsdp_job_loses_a_node_re_shards_from_peers_and_takes_it_back(cluster: LocalCluster, tmp_path: Path) -> None:
@@ -73,7 +73,7 @@ def test_fsdp_job_loses_a_node_re_shards_from_peers_and_takes_it_back(cluster: L
         cluster.restart_node("n3")
         job.wait(
             "a worker on n3 to register again",
-            lambda: any(e["node"] == "n3" and e["time"] > killed_at for e in job.events("worker_registered")),
+            lambda: any(e.node == "n3" and e.time > killed_at for e in job.of(WorkerRegistered)),
             timeout=120,
         )
         gate.touch()
@@ -84,11 +84,11 @@ def test_fsdp_job_loses_a_node_re_shards_from_peers_and_takes_it_back(cluster: L
     assert info.state == "COMPLETED", f"{info.state}; output:\n{job.output()[-3000:]}"
     # rows moved between survivors' memory (sources to receivers), then to the joiner; none from disk
     healed, joined = ready_at(job, 3)[0], ready_at(job, 4)[-1]
-    assert healed["lost_committed_steps"] == 0 and healed["sources"] and healed["receivers"], healed
-    ranks = job.events("membership_change")[-1]["ranks"]
+    assert healed.lost_committed_steps == 0 and healed.sources and healed.receivers, healed
+    ranks = job.of(MembershipChange)[-1].ranks
     joiner = next(r for r, worker in enumerate(ranks) if worker.startswith("n3:"))
-    assert joined["lost_committed_steps"] == 0 and joiner in joined["receivers"], (joined, ranks)
-    assert not job.events("checkpoint_fallback") and not job.events("state_lost")
+    assert joined.lost_committed_steps == 0 and joiner in joined.receivers, (joined, ranks)
+    assert not job.of(CheckpointFallback) and not job.events("state_lost")
     assert max_param_rel_diff(torch.load(job.model), expected) <= tolerance("float32", STEPS)
     report = job.ledger()
     assert (report.committed_steps, report.duplicate_samples, report.skipped_samples) == (STEPS, 0, 0), report

@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 
+from slurm_elastic.eventtypes import DrainRequested, MembershipChange, Recovered
+
 from .elastic_jobs import ElasticSlurmJob, reference_model, submit_core
 from .test_hooks_cluster import Hooked, hooked, hooks  # noqa: F401 - fixtures: the cluster with the hooks
 
@@ -34,7 +36,7 @@ def training(hooks: Hooked, tmp_path: Path) -> Iterator[ElasticSlurmJob]:  # noq
 
 
 def worlds(job: ElasticSlurmJob) -> list[int]:
-    return [e["world"] for e in job.events("membership_change")]
+    return [e.world for e in job.of(MembershipChange)]
 
 
 def first_drain(job: ElasticSlurmJob, node: str) -> dict[str, Any]:
@@ -50,9 +52,9 @@ def test_admin_drain_leaves_at_the_next_step_boundary_with_nothing_lost(
     training.wait("n3 to leave", lambda: worlds(training)[-1:] == [3], timeout=60)
     drain = first_drain(training, "n3")
     assert (drain["source"], drain["mode"]) == ("healthcheck", "boundary")
-    change = training.events("membership_change")[-1]
-    assert change["cause"] == "drain" and change["boundary_step"] is not None
-    assert not training.events("recovered")  # no step aborted or re-run
+    change = training.of(MembershipChange)[-1]
+    assert change.cause == "drain" and change.boundary_step is not None
+    assert not training.of(Recovered)  # no step aborted or re-run
     training.wait_finished()
     training.assert_same_training(reference_model(tmp_path.parent, STEPS))
 
@@ -62,8 +64,8 @@ def test_admin_fail_leaves_at_once(hooks: Hooked, training: ElasticSlurmJob, tmp
     training.wait("n3 to leave", lambda: worlds(training)[-1:] == [3], timeout=60)
     drain = first_drain(training, "n3")
     assert (drain["source"], drain["mode"]) == ("healthcheck", "now")
-    change = training.events("membership_change")[-1]
-    assert change["boundary_step"] is None  # abrupt: the step in flight is aborted and run again by 3 nodes
+    change = training.of(MembershipChange)[-1]
+    assert change.boundary_step is None  # abrupt: the step in flight is aborted and run again by 3 nodes
     training.wait_finished()
     training.assert_same_training(reference_model(tmp_path.parent, STEPS))
 
@@ -76,7 +78,7 @@ def test_shrink_is_reported_by_the_epilog_before_any_heartbeat_timeout(
     hooks.cluster.slurm("scontrol", "update", f"JobId={training.job_id}", "NumNodes=3")
     training.wait("the job to shrink to 3", lambda: worlds(training)[-1:] == [3], timeout=60)
     (released,) = {"n1", "n2", "n3", "n4"} - set(training.info().nodes)
-    by_epilog = lambda: [e for e in training.events("drain_requested") if e["source"] == "epilog"]  # noqa: E731
+    by_epilog = lambda: [e for e in training.of(DrainRequested) if e.source == "epilog"]  # noqa: E731
     training.wait("the epilog's report", lambda: bool(by_epilog()))
     events = training.events()
     reported = next(i for i, e in enumerate(events) if e["event"] == "drain_requested" and e["source"] == "epilog")

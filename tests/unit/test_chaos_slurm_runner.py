@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from slurm_elastic.eventtypes import Commit, GenerationReady
 from slurm_elastic.showcase.chaos_slurm import _last_lines, held_step
 
 
@@ -28,11 +29,12 @@ def test_no_output_yet_shows_nothing(tmp_path: Path) -> None:
 
 
 def commit(step: int) -> dict[str, object]:
-    return {"event": "commit", "step": step}
+    return {"event": "commit", **Commit(step, 1, 4, 0.5, 0.0).fields()}
 
 
 def ready(generation: int, resume_step: int) -> dict[str, object]:
-    return {"event": "generation_ready", "generation": generation, "resume_step": resume_step}
+    fields = GenerationReady("n1:0", generation, "x", 3, 0.1, 0.1, 0.2, resume_step, (), (), 0, "in sync").fields()
+    return {"event": "generation_ready", **fields}
 
 
 def test_a_step_taken_from_a_peer_is_held_though_rank_0_never_committed_it() -> None:

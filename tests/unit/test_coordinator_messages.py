@@ -5,11 +5,13 @@ from __future__ import annotations
 import struct
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
 from slurm_elastic.coordinator import CoordinatorThread
 from slurm_elastic.coordinator.config import CoordinatorConfig
+from slurm_elastic.eventtypes import GenerationReady, of_kind
 from slurm_elastic.wire.channel import Channel, connect, new_secret
 from slurm_elastic.wire.messages import Committed, Heartbeat, Register, Registered, WorkerEvent
 
@@ -78,11 +80,31 @@ def test_a_step_rank_0_took_from_a_peer_is_where_the_job_is(coordinator: Coordin
     channel = registered(coordinator)
     channel.send(Committed(generation=1, step=38, loss=1.0, samples=8, world=2, time=0.0))
     wait_for(lambda: coordinator.coordinator.view().last_step == 38)
-    channel.send(WorkerEvent(kind="generation_ready", fields={"generation": 2, "resume_step": 39}))
+    channel.send(WorkerEvent(kind="generation_ready", fields=_ready(generation=2, resume_step=39)))
     wait_for(lambda: coordinator.coordinator.view().last_step == 39)
-    channel.send(WorkerEvent(kind="generation_ready", fields={"generation": 3, "resume_step": 30}))
-    wait_for(lambda: sum(e["event"] == "generation_ready" for e in coordinator.coordinator.events.all()) == 2)
+    channel.send(WorkerEvent(kind="generation_ready", fields=_ready(generation=3, resume_step=30)))
+    wait_for(lambda: len(of_kind(coordinator.coordinator.events.all(), GenerationReady)) == 2)
     assert coordinator.coordinator.view().last_step == 39
-    ready = [e for e in coordinator.coordinator.events.all() if e["event"] == "generation_ready"]
-    assert [e["lost_committed_steps"] for e in ready] == [0, 9]
+    ready = of_kind(coordinator.coordinator.events.all(), GenerationReady)
+    assert [e.lost_committed_steps for e in ready] == [0, 9]
+    assert {e.worker for e in ready} == {"n1:0:0"}  # the coordinator names the sender
     channel.close()
+
+
+def test_a_generation_report_without_a_field_of_its_kind_is_dropped_by_name(coordinator: CoordinatorThread) -> None:
+    channel = registered(coordinator)
+    fields = _ready(generation=2, resume_step=3)
+    del fields["sources"]
+    channel.send(WorkerEvent(kind="generation_ready", fields=fields))
+    wait_for(lambda: dropped(coordinator))
+    assert "a generation_ready event without 'sources'" in str(dropped(coordinator)[0]["reason"])
+    assert of_kind(coordinator.coordinator.events.all(), GenerationReady) == []
+    assert "n1:0:0" in coordinator.coordinator.workers
+    channel.close()
+
+
+def _ready(*, generation: int, resume_step: int) -> dict[str, Any]:
+    """What a worker's rank 0 sends of a formed generation (the coordinator adds who sent it)."""
+    sent = GenerationReady("", generation, "join", 2, 0.1, 0.1, 0.2, resume_step, (1,), (0,), 10, "joiner").fields()
+    del sent["worker"]
+    return sent

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from slurm_elastic.coordinator.records import Commit
+from slurm_elastic.eventtypes import Commit
 from slurm_elastic.showcase.metrics import max_param_rel_diff, median, recovery_after
 
 

@@ -38,16 +38,10 @@ def _imports(module: str, tree: ast.AST, is_package: bool, modules: frozenset[st
     holds (Python runs that __init__ first either way, but it need not import anything)."""
     found: set[str] = set()
     base = module if is_package else module.rpartition(".")[0]
-    stack: list[ast.AST] = [tree]
-    while stack:
-        node = stack.pop()
-        if _is_type_checking_block(node):
-            assert isinstance(node, ast.If)
-            stack.extend(node.orelse)
-            continue
+    for node in _import_statements(tree):
         if isinstance(node, ast.Import):
             found.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom):
+        else:
             if node.level:
                 anchor = base.split(".")
                 anchor = anchor[: len(anchor) - (node.level - 1)]
@@ -58,8 +52,23 @@ def _imports(module: str, tree: ast.AST, is_package: bool, modules: frozenset[st
             found.update(n for n in names if n in modules)
             if not all(n in modules for n in names):
                 found.add(origin)
-        stack.extend(ast.iter_child_nodes(node))
     return {name for name in found if name == "slurm_elastic" or name.startswith("slurm_elastic.")}
+
+
+def _import_statements(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
+    """Every import statement, at any depth, outside `if TYPE_CHECKING:` blocks."""
+    found: list[ast.Import | ast.ImportFrom] = []
+    stack: list[ast.AST] = [tree]
+    while stack:
+        node = stack.pop()
+        if _is_type_checking_block(node):
+            assert isinstance(node, ast.If)
+            stack.extend(node.orelse)
+            continue
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            found.append(node)
+        stack.extend(ast.iter_child_nodes(node))
+    return found
 
 
 def import_graph() -> dict[str, set[str]]:
@@ -176,18 +185,11 @@ print(json.dumps({{"modules": len(names), "atexit": registered, "threads": start
 def _torch_imports(tree: ast.AST) -> set[str]:
     """The torch modules a module imports, at any depth outside `if TYPE_CHECKING:` blocks."""
     found: set[str] = set()
-    stack: list[ast.AST] = [tree]
-    while stack:
-        node = stack.pop()
-        if _is_type_checking_block(node):
-            assert isinstance(node, ast.If)
-            stack.extend(node.orelse)
-            continue
+    for node in _import_statements(tree):
         if isinstance(node, ast.Import):
             found.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+        elif not node.level and node.module:
             found.add(node.module)
-        stack.extend(ast.iter_child_nodes(node))
     return {name for name in found if name == "torch" or name.startswith("torch.")}
 
 

@@ -19,9 +19,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from slurm_elastic.coordinator.records import Commit
 from slurm_elastic.errors import ElasticError
 from slurm_elastic.events import EventsFile
+from slurm_elastic.eventtypes import Commit
 from slurm_elastic.jobdir import job_dir, user_name
 from slurm_elastic.launch.slurm import satellites_of
 from slurm_elastic.showcase.metrics import median, recovery_after
@@ -40,7 +40,7 @@ class Run(EventsFile):
         self.root, self.env, self.job_id = root, env, job_id
 
     def commits(self) -> list[Commit]:
-        return [Commit.from_event(e) for e in self.events("commit")]
+        return self.of(Commit)
 
 
 def _submit(root: Path, mode: str, checkpoint_every: int) -> Run:

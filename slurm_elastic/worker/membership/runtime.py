@@ -25,7 +25,7 @@ from slurm_elastic.worker.membership.comm import CollectiveFailed, Group, Interr
 from slurm_elastic.worker.membership.control import ControlFailed, CoordinatorLost, Identity, JobOver
 from slurm_elastic.worker.phases import PhaseHooks
 from slurm_elastic.worker.ports import Control, Ports
-from slurm_elastic.worker.strategy import Held, SyncResult
+from slurm_elastic.worker.strategy import Held, Strategy, SyncResult
 
 log = get_logger("slurm_elastic.worker")
 
@@ -132,21 +132,22 @@ class Runtime:
             self.group = None
         self._close_store()
 
-    def recover(self, replica: Held, *, patient: bool) -> Entered:
+    def recover(self, strategy: Strategy, *, patient: bool) -> Entered:
         """Leave the current generation; join announced ones until one is formed and in sync."""
         self.abandon()
+        held = strategy.held
         while True:
-            announcement = self._next_announcement(patient, replica)
+            announcement = self._next_announcement(patient, held)
             patient = False
             try:
-                return self._enter(announcement, replica)
+                return self._enter(announcement, strategy)
             except (Interrupted, CollectiveFailed) as exc:
                 log.info("generation_attempt_failed", generation=self.generation, reason=str(exc))
                 self.abandon()
             except StateLost as exc:
                 # The coordinator restarts every worker from the checkpoint (or stops the job): wait for it.
                 log.error("training_state_lost", generation=self.generation, reason=str(exc))
-                step = max(replica.step, 0)
+                step = max(held.step, 0)
                 self.send(StateLostMessage(generation=max(self.generation, 1), step=step, detail=str(exc)[:2000]))
                 self.abandon()
                 patient = True
@@ -181,13 +182,14 @@ class Runtime:
         assert isinstance(ann, Assign)
         return ann
 
-    def _enter(self, ann: Assign, replica: Held) -> Entered:
+    def _enter(self, ann: Assign, strategy: Strategy) -> Entered:
         control, settings = self.control, self.settings
         assert control is not None and settings is not None
         started = time.monotonic()
         control.enter_generation(ann.generation)
         self.generation, self.rank, self.world = ann.generation, ann.rank, len(ann.ranks)
-        self.set_phase(replica.step, "recovery")
+        step = strategy.held.step
+        self.set_phase(step, "recovery")
         # A fresh store connection per generation: closing the last one (in `abandon`) fails any call an
         # abandoned rendezvous left blocked, so no helper thread waits on it for the group timeout.
         env = self.env
@@ -206,14 +208,9 @@ class Runtime:
             interrupt=self.interrupt,
         )
         formed = time.monotonic()
-        self.phases.fire("recovery", replica.step + 1)
-        result = replica.synchronize(
-            self.group,
-            self.store,
-            settings.store_prefix,
-            list(ann.ranks),
-            before_transfer=lambda: self.phases.fire("transfer", replica.step + 1),
-        )
+        self.phases.fire("recovery", step + 1)
+        transfer = lambda: self.phases.fire("transfer", step + 1)  # noqa: E731
+        result = strategy.heal(self.group, self.store, settings.store_prefix, list(ann.ranks), transfer)
         return Entered(ann, result, formed - started, time.monotonic() - started)
 
     def report_generation(self, entered: Entered, extra: dict[str, Any]) -> None:

@@ -14,9 +14,6 @@ import torch
 
 from slurm_elastic.worker.checkpoints import userstate
 from slurm_elastic.worker.checkpoints.state import Snapshot, capture, fingerprint, restore_all
-from slurm_elastic.worker.membership.comm import Group
-from slurm_elastic.worker.replicated.sync import synchronize
-from slurm_elastic.worker.strategy import SyncResult
 
 
 class Replica:
@@ -63,22 +60,6 @@ class Replica:
         if progress.get("global_batch") is not None:
             self.global_batch = int(progress["global_batch"])
         self.fresh = False
-
-    def synchronize(
-        self,
-        group: Group,
-        store: Any,
-        key_prefix: str,
-        members: list[str],
-        before_transfer: Callable[[], None] = lambda: None,
-    ) -> SyncResult:
-        """Every member of the generation ends holding the same committed state (full replicas)."""
-        fp = self.fingerprint()
-        result = synchronize(group, store, key_prefix, self.committed_step, fp, self.capture, before_transfer)
-        if result.received is not None:
-            self.restore(result.received)
-        self.fresh = False
-        return result
 
     def fingerprint(self) -> tuple[float, float]:
         return fingerprint(self.model)

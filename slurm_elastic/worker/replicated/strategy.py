@@ -21,7 +21,8 @@ from slurm_elastic.worker.phases import PhaseHooks
 from slurm_elastic.worker.replicated import snapshot
 from slurm_elastic.worker.replicated.reduction import GradientReducer, reduce_dtype_of
 from slurm_elastic.worker.replicated.replica import Replica
-from slurm_elastic.worker.strategy import Report
+from slurm_elastic.worker.replicated.sync import synchronize
+from slurm_elastic.worker.strategy import Report, SyncResult
 
 log = get_logger("slurm_elastic.worker")
 
@@ -81,6 +82,17 @@ class ReplicatedStrategy:
 
     def abandon(self) -> None:
         self._reducer.abandon()  # an abandoned sum may still write into the old buffers
+
+    def heal(
+        self, group: Group, store: Any, key_prefix: str, members: list[str], before_transfer: Callable[[], None]
+    ) -> SyncResult:
+        held = self.held
+        fp = held.fingerprint()
+        result = synchronize(group, store, key_prefix, held.committed_step, fp, held.capture, before_transfer)
+        if result.received is not None:
+            held.restore(result.received)
+        held.fresh = False
+        return result
 
     def start_alone(self, group: Group, member: str) -> None:
         pass  # the replica is whole already

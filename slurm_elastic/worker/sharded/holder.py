@@ -17,7 +17,7 @@ from collections import OrderedDict, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, cast
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -33,7 +33,6 @@ from slurm_elastic.worker.sharded.checksum import digest
 from slurm_elastic.worker.sharded.collectives import StepCollectives, install
 from slurm_elastic.worker.sharded.mesh import GenerationMesh
 from slurm_elastic.worker.sharded.remesh import Entry, entries, fsdp_params, local, sharded_state_keys
-from slurm_elastic.worker.strategy import SyncResult
 
 
 @dataclass
@@ -71,20 +70,6 @@ def _unplain(value: Any) -> Any:
     return value
 
 
-class Synchronizer(Protocol):
-    """How a holder comes to hold the generation's layout (`sharded.sync.synchronize_sharded`)."""
-
-    def __call__(
-        self,
-        replica: ShardedReplica,
-        group: Group,
-        store: Any,
-        key_prefix: str,
-        members: list[str],
-        before_transfer: Callable[[], None],
-    ) -> SyncResult: ...
-
-
 class ShardedReplica:
     def __init__(
         self,
@@ -93,11 +78,9 @@ class ShardedReplica:
         scheduler: Any | None,
         extra: dict[str, Any] | None = None,
         *,
-        synchronizer: Synchronizer,
         phases: PhaseHooks,
     ) -> None:
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
-        self._synchronizer = synchronizer  # given by its builder: `sharded.sync` reads this module, not the reverse
         self.extra: dict[str, Any] = extra if extra is not None else {}  # the user's dict, restored in place
         self.params = fsdp_params(model)  # fqn -> FSDPParam: stable objects, re-meshed in place
         self.step = 0
@@ -139,17 +122,6 @@ class ShardedReplica:
     def first_replica(self) -> bool:
         """Whether this rank is in the first replica group: the one that writes checkpoints and counts norms."""
         return self.replicas is None or self.replicas.rank == 0
-
-    def synchronize(
-        self,
-        group: Group,
-        store: Any,
-        key_prefix: str,
-        members: list[str],
-        before_transfer: Callable[[], None] = lambda: None,
-    ) -> SyncResult:
-        """Hold this rank's shards of the generation's layout at the generation's step (`sharded.sync`)."""
-        return self._synchronizer(self, group, store, key_prefix, members, before_transfer)
 
     # --- the tensors held -----------------------------------------------------------------------------
 

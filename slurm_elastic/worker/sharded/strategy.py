@@ -39,7 +39,7 @@ from slurm_elastic.worker.sharded.collectives import StepCollectives
 from slurm_elastic.worker.sharded.holder import ShardedReplica
 from slurm_elastic.worker.sharded.remesh import shard_group_wanted
 from slurm_elastic.worker.sharded.sync import synchronize_sharded
-from slurm_elastic.worker.strategy import Report
+from slurm_elastic.worker.strategy import Report, SyncResult
 
 log = get_logger("slurm_elastic.worker")
 
@@ -63,7 +63,7 @@ class ShardedStrategy:
     ) -> None:
         if reduce_dtype not in (None, "float32"):
             raise ConfigError(f"invalid reduce_dtype {reduce_dtype!r} for a fully_shard model: FSDP2 sums in float32")
-        held = ShardedReplica(model, optimizer, scheduler, extra, synchronizer=synchronize_sharded, phases=phases)
+        held = ShardedReplica(model, optimizer, scheduler, extra, phases=phases)
         held.clip = clip
         held.shard_group_wanted = shard_group_wanted(model)
         held.on_refused = lambda line: report("shard_refused", {"detail": line, "step": held.step})  # one event each
@@ -134,9 +134,15 @@ class ShardedStrategy:
     def abandon(self) -> None:
         pass  # a poisoned attempt's collectives return at once; the next attempt installs fresh ones
 
+    def heal(
+        self, group: Group, store: Any, key_prefix: str, members: list[str], before_transfer: Callable[[], None]
+    ) -> SyncResult:
+        """Hold this rank's shards of the generation's layout at the generation's step (`sharded.sync`)."""
+        return synchronize_sharded(self.held, group, store, key_prefix, members, before_transfer)
+
     def start_alone(self, group: Group, member: str) -> None:
         if self.held.checkpoint_dir is not None:  # read, re-sharded to this world, as a generation would
-            self.held.synchronize(group, None, "", [member])
+            synchronize_sharded(self.held, group, None, "", [member])
 
     def checkpoints(
         self, directory: Path, every: int, background: bool, report: Report, keep: int
