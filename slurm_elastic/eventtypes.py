@@ -3,7 +3,9 @@
 The coordinator writes these kinds as their types (`EventLog.record`), and status, the demos, chaos, the
 benchmarks and the tests read them back as the same types (`of_kind`, `EventsFile.of`), so a field is
 named once, here. In `events.jsonl` each is one JSON line, `{"event": kind, "job": .., "time": .., fields}`.
-Kinds no tool reads (a refused handshake, a worker's exit, ...) stay plain records.
+Plain records remain for what has no fixed fields: the refused handshakes' summary (a count per category),
+the reports a worker forwards (`shard_refused`, `ledger_failed`, `checkpoint_failed`, ...) and the event log's
+own write failures.
 """
 
 from __future__ import annotations
@@ -187,24 +189,212 @@ class DrainRequested(Event):
     source: str
 
 
+@dataclass(frozen=True)
+class CoordinatorStarted(Event):
+    KIND: ClassVar[str] = "coordinator_started"
+    address: str
+    expected_workers: int
+    recovery: str
+
+
+@dataclass(frozen=True)
+class SlurmJobStarted(Event):
+    """The Slurm batch script's launcher (re)started the job: once per run, requeues included."""
+
+    KIND: ClassVar[str] = "slurm_job_started"
+    slurm_job: str
+    nodes: tuple[str, ...]
+    restart_count: int
+
+
+@dataclass(frozen=True)
+class WorkerExited(Event):
+    KIND: ClassVar[str] = "worker_exited"
+    worker: str
+    node: str
+    returncode: int
+    will_restart: bool
+    stderr_tail: str | None
+
+
+@dataclass(frozen=True)
+class UserFailure(Event):
+    """An exception in the user's code, reported with its signature; `count` of that signature so far."""
+
+    KIND: ClassVar[str] = "user_failure"
+    worker: str
+    signature: str
+    count: int
+
+
+@dataclass(frozen=True)
+class CollectiveFault(Event):
+    """A worker's collective failed and no new generation came (it asks for one)."""
+
+    KIND: ClassVar[str] = "collective_fault"
+    worker: str
+    generation: int
+    detail: str
+
+
+@dataclass(frozen=True)
+class StateLost(Event):
+    """A worker found that no live peer holds part of the state (a sharded job's last resort: the checkpoint)."""
+
+    KIND: ClassVar[str] = "state_lost"
+    worker: str
+    generation: int
+    detail: str
+
+
+@dataclass(frozen=True)
+class NodeUnresponsive(Event):
+    KIND: ClassVar[str] = "node_unresponsive"
+    node: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class HangEvicted(Event):
+    KIND: ClassVar[str] = "hang_evicted"
+    worker: str
+    cause: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class RestartAll(Event):
+    """Every worker is restarted from the disaster-recovery checkpoint."""
+
+    KIND: ClassVar[str] = "restart_all"
+    reason: str
+    nodes: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class JobFinished(Event):
+    KIND: ClassVar[str] = "job_finished"
+    reason: str
+    step: int
+
+
+@dataclass(frozen=True)
+class JobSuspended(Event):
+    """The whole job stops after a checkpoint, to be requeued (preemption, a time limit)."""
+
+    KIND: ClassVar[str] = "job_suspended"
+    reason: str
+    step: int
+
+
+@dataclass(frozen=True)
+class JobFailed(Event):
+    KIND: ClassVar[str] = "job_failed"
+    reason: str
+
+
+@dataclass(frozen=True)
+class CoordinatorPaused(Event):
+    """The coordinator's own loop stalled (a SIGSTOP, a suspended job): leases were extended, no one evicted."""
+
+    KIND: ClassVar[str] = "coordinator_paused"
+    seconds: float
+
+
+@dataclass(frozen=True)
+class AgentRelaunched(Event):
+    KIND: ClassVar[str] = "agent_relaunched"
+    node: str
+    slurm_job: str
+    attempt: int
+
+
+@dataclass(frozen=True)
+class AgentRelaunchGivenUp(Event):
+    KIND: ClassVar[str] = "agent_relaunch_given_up"
+    node: str
+    slurm_job: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class MessageDropped(Event):
+    """A peer's message the coordinator could not act on: dropped, the connection kept."""
+
+    KIND: ClassVar[str] = "message_dropped"
+    sender: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class KeepPending(Event):
+    """A pending grow job is kept waiting for freed nodes."""
+
+    KIND: ClassVar[str] = "keep_pending"
+    count: int
+    partition: str | None
+
+
+@dataclass(frozen=True)
+class ConnectionRefused(Event):
+    KIND: ClassVar[str] = "connection_refused"
+    reason: str
+    peer: str
+
+
+@dataclass(frozen=True)
+class ControlLoopFailed(Event):
+    """A control loop of the job died of an unexpected error: the coordinator's (`loop`) or a node agent's."""
+
+    KIND: ClassVar[str] = "control_loop_failed"
+    reason: str
+    loop: str | None = None  # the coordinator's: connection, ticker, launcher
+    node: str | None = None  # an agent's
+    worker: str | None = None  # a worker's control thread
+
+
 CATALOGUE: tuple[type[Event], ...] = (
     Commit, MembershipChange, GenerationReady, Recovered, CheckpointFallback, Progress, NodeRegistered,
-    WorkerRegistered, NodeLost, DrainRequested,
+    WorkerRegistered, NodeLost, DrainRequested, CoordinatorStarted, SlurmJobStarted, WorkerExited, UserFailure,
+    CollectiveFault, StateLost, NodeUnresponsive, HangEvicted, RestartAll, JobFinished, JobSuspended, JobFailed,
+    CoordinatorPaused, AgentRelaunched, AgentRelaunchGivenUp, MessageDropped, KeepPending, ConnectionRefused,
+    ControlLoopFailed,
 )  # fmt: skip
+CATALOGUED_KINDS = frozenset(kind.KIND for kind in CATALOGUE)
 
 __all__ = [
     "CATALOGUE",
+    "CATALOGUED_KINDS",
+    "AgentRelaunchGivenUp",
+    "AgentRelaunched",
     "CheckpointFallback",
+    "CollectiveFault",
     "Commit",
+    "ConnectionRefused",
+    "ControlLoopFailed",
+    "CoordinatorPaused",
+    "CoordinatorStarted",
     "DrainRequested",
     "Event",
     "EventFormatError",
     "GenerationReady",
+    "HangEvicted",
+    "JobFailed",
+    "JobFinished",
+    "JobSuspended",
+    "KeepPending",
     "MembershipChange",
+    "MessageDropped",
     "NodeLost",
     "NodeRegistered",
+    "NodeUnresponsive",
     "Progress",
     "Recovered",
+    "RestartAll",
+    "SlurmJobStarted",
+    "StateLost",
+    "UserFailure",
+    "WorkerExited",
     "WorkerRegistered",
     "of_kind",
 ]

@@ -28,15 +28,32 @@ from slurm_elastic.decide.health import Liveness, find_unresponsive, stalled_for
 from slurm_elastic.errors import AuthError, HandshakeRefused, InvalidMessage, ProtocolError
 from slurm_elastic.events import EventLog
 from slurm_elastic.eventtypes import (
+    CATALOGUED_KINDS,
     CheckpointFallback,
+    CollectiveFault,
     Commit,
+    ConnectionRefused,
+    ControlLoopFailed,
+    CoordinatorPaused,
+    CoordinatorStarted,
     DrainRequested,
     GenerationReady,
+    HangEvicted,
+    JobFailed,
+    JobFinished,
+    JobSuspended,
+    KeepPending,
     MembershipChange,
+    MessageDropped,
     NodeLost,
     NodeRegistered,
+    NodeUnresponsive,
     Progress,
     Recovered,
+    RestartAll,
+    StateLost,
+    UserFailure,
+    WorkerExited,
     WorkerRegistered,
 )
 from slurm_elastic.jobdir import private_dir
@@ -127,12 +144,7 @@ class Coordinator:
         self.server = await asyncio.start_server(self._serve_connection, cfg.host, cfg.port)
         port = self.server.sockets[0].getsockname()[1]
         self.address = f"{cfg.advertise_host or cfg.host}:{port}"
-        self.events.emit(
-            "coordinator_started",
-            address=self.address,
-            expected_workers=cfg.expected_workers,
-            recovery=cfg.recovery,
-        )
+        self.events.record(CoordinatorStarted(self.address, cfg.expected_workers, cfg.recovery))
         ticker = run_loudly(self._ticker(), "the coordinator's ticker", self._ticker_died)
         self._ticker_task = asyncio.get_running_loop().create_task(ticker)
 
@@ -157,7 +169,7 @@ class Coordinator:
     def _connection_died(self, reason: str) -> None:
         """One connection's task failed: that peer is lost the ordinary way (its connection closes), and the
         reason is on record. Not the job: one peer's connection, authenticated or not, must not stop it."""
-        self.events.emit("control_loop_failed", loop="connection", reason=reason)
+        self.events.record(ControlLoopFailed(reason, loop="connection"))
 
     async def _on_connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -181,7 +193,7 @@ class Coordinator:
         except HandshakeRefused as exc:  # a peer without the secret: counted, never quoted
             self._refused(exc.category, writer)
         except (AuthError, ProtocolError) as exc:  # an authenticated peer's mistake
-            self.events.emit("connection_refused", reason=str(exc)[:500], peer=str(writer.get_extra_info("peername")))
+            self.events.record(ConnectionRefused(str(exc)[:500], str(writer.get_extra_info("peername"))))
         except (ConnectionError, asyncio.IncompleteReadError, TimeoutError):
             pass
         finally:
@@ -250,10 +262,10 @@ class Coordinator:
             case msg.AtBoundary():
                 self._feed(m.ReachedBoundary(wid, message.generation, message.step))
             case msg.CollectiveFault():
-                self.events.emit("collective_fault", worker=wid, generation=message.generation, detail=message.detail)
+                self.events.record(CollectiveFault(wid, message.generation, message.detail))
                 self._feed(m.Faulted(wid, message.generation, message.detail))
             case msg.StateLost():
-                self.events.emit("state_lost", worker=wid, generation=message.generation, detail=message.detail)
+                self.events.record(StateLost(wid, message.generation, message.detail))
                 self._feed(m.StateLost(wid, message.generation, message.detail))
             case msg.WorkerEvent():
                 self._on_worker_event(wid, message)
@@ -296,14 +308,9 @@ class Coordinator:
     def _on_agent_message(self, node: str, message: msg.Message) -> None:
         match message:
             case msg.WorkerExited():
-                self.events.emit(
-                    "worker_exited",
-                    worker=message.worker_id,
-                    node=node,
-                    returncode=message.returncode,
-                    will_restart=message.will_restart,
-                    stderr_tail=message.stderr_tail[-500:] or None,
-                )
+                tail = message.stderr_tail[-500:] or None
+                exited = WorkerExited(message.worker_id, node, message.returncode, message.will_restart, tail)
+                self.events.record(exited)
                 self._on_worker_exit(node, message)
                 self._lose_worker(message.worker_id, f"exited with {message.returncode}")
             case msg.DrainRequest():
@@ -311,7 +318,7 @@ class Coordinator:
             case msg.Heartbeat():
                 pass
             case msg.WorkerEvent(kind="control_loop_failed"):  # the agent is failing: why, before it goes
-                self.events.emit("control_loop_failed", node=node, reason=str(message.fields.get("reason", ""))[:1000])
+                self.events.record(ControlLoopFailed(str(message.fields.get("reason", ""))[:1000], node=node))
             case _:
                 raise ProtocolError(f"unexpected {message.type!r} from agent {node}")
 
@@ -335,7 +342,7 @@ class Coordinator:
         try:
             return await read_message(reader)
         except InvalidMessage as exc:
-            self.events.emit("message_dropped", sender=sender, reason=str(exc))
+            self.events.record(MessageDropped(sender, str(exc)))
             return None
 
     def _handle(self, act: Callable[..., None], sender: str, *args: Any) -> None:
@@ -343,7 +350,7 @@ class Coordinator:
         try:
             act(sender, *args)
         except Exception as exc:  # a bad message must cost that message, not the worker or the coordinator
-            self.events.emit("message_dropped", sender=sender, reason=f"{type(exc).__name__}: {exc}"[:500])
+            self.events.record(MessageDropped(sender, f"{type(exc).__name__}: {exc}"[:500]))
 
     def _lose_worker(self, wid: str, cause: str) -> None:
         peer = self.workers.pop(wid, None)
@@ -358,7 +365,7 @@ class Coordinator:
             write_message(writer, self._on_drain(first))
         elif isinstance(first, msg.KeepPending):
             self.pool_keep_pending, self.pool_partition = first.count, first.partition
-            self.events.emit("keep_pending", count=first.count, partition=first.partition)
+            self.events.record(KeepPending(first.count, first.partition))
             write_message(writer, msg.Ack(ok=True, detail=f"keeping {first.count} satellites pending"))
         else:
             write_message(writer, msg.Ack(ok=False, detail=f"unsupported request {first.type!r}"))
@@ -401,14 +408,18 @@ class Coordinator:
                 before, self._fallback_from = self._fallback_from, None
                 self.events.record(CheckpointFallback(before, resume, replayed_steps=max(0, before - resume)))
             self.events.record(GenerationReady.from_event({**fields, "worker": wid}))
-            return
-        self.events.emit(e.kind, worker=wid, **fields)
+        elif e.kind == ControlLoopFailed.KIND:  # the worker's control thread died: why, before it goes
+            self.events.record(ControlLoopFailed(str(fields.get("reason", ""))[:1000], worker=wid))
+        elif e.kind in CATALOGUED_KINDS:  # what the coordinator alone says: a worker cannot report a job_failed
+            raise ProtocolError(f"a worker cannot report a {e.kind!r} event")
+        else:  # a worker's own report (shard_refused, ledger_failed, checkpoint_failed, ...)
+            self.events.emit(e.kind, worker=wid, **fields)
 
     def _on_failure(self, f: msg.Failure) -> None:
         self.failures = record_failure(self.failures, f.signature)
         if f.signature in self.tracebacks or len(self.tracebacks) < MAX_TRACEBACKS:
             self.tracebacks[f.signature] = f.traceback
-        self.events.emit("user_failure", worker=f.worker_id, signature=f.signature, count=self.failures[f.signature])
+        self.events.record(UserFailure(f.worker_id, f.signature, self.failures[f.signature]))
         verdict = identical_failure_verdict(self.failures, self.config.max_identical_failures)
         if verdict is not None:
             with self._view_lock:
@@ -450,7 +461,7 @@ class Coordinator:
             case m.RestartAll():
                 gen = before.generation
                 self._abrupt_since = ((gen.number if gen else 0) + 1, time.monotonic(), self._view.last_step)
-                self.events.emit("restart_all", reason=action.reason, nodes=sorted(self.agents))
+                self.events.record(RestartAll(action.reason, tuple(sorted(self.agents))))
                 if action.fallback:
                     self._run_offset += 1  # a new run of the ledger: the replayed steps count once
                     self._fallback_from = self._view.last_step
@@ -459,13 +470,13 @@ class Coordinator:
                 if not self.agents:
                     self._feed(m.Abort(f"{action.reason}; but no node is left to restart on"))
             case m.Complete():
-                self.events.emit("job_finished", reason=action.reason, step=self._view.last_step)
+                self.events.record(JobFinished(action.reason, self._view.last_step))
                 self._stop_everyone(msg.Stop(reason="complete"))
             case m.Suspend():
-                self.events.emit("job_suspended", reason=action.reason, step=action.step)
+                self.events.record(JobSuspended(action.reason, action.step))
                 self._stop_everyone(msg.Stop(reason="suspended"))
             case m.Fail():
-                self.events.emit("job_failed", reason=action.reason)
+                self.events.record(JobFailed(action.reason))
                 self._stop_everyone(msg.Stop(reason="failed", error=action.reason))
 
     def _announce(self, a: m.Announce, before: m.State, event: m.Event) -> None:
@@ -516,7 +527,7 @@ class Coordinator:
     def _ticker_died(self, reason: str) -> None:
         """Without its ticker the coordinator sends no pulses and detects nothing: fail the job now, saying
         why, rather than let every agent find it silent a lease later."""
-        self.events.emit("control_loop_failed", loop="ticker", reason=reason)
+        self.events.record(ControlLoopFailed(reason, loop="ticker"))
         self.fail(reason)
 
     def fail(self, reason: str) -> None:
@@ -527,7 +538,7 @@ class Coordinator:
             self.state = replace(self.state, phase="failed", reason=reason)
             self._publish()
             self.done.set()
-            self.events.emit("job_failed", reason=reason)
+            self.events.record(JobFailed(reason))
             self._stop_everyone(msg.Stop(reason="failed", error=reason))
 
     def _tick(self, now: float) -> None:
@@ -538,7 +549,7 @@ class Coordinator:
             for held in (*self.workers.values(), *self.agents.values()):
                 held.last_seen += stalled
                 held.phase_since += stalled
-            self.events.emit("coordinator_paused", seconds=round(stalled, 2))
+            self.events.record(CoordinatorPaused(round(stalled, 2)))
         if now - self._last_pulse >= cfg.heartbeat_interval_s:
             self._last_pulse = now
             pulse = msg.Pulse(generation=self.state.generation.number if self.state.generation else 0)
@@ -555,7 +566,7 @@ class Coordinator:
         agents = [Liveness(n, p.last_seen, 0, "agent", p.last_seen) for n, p in self.agents.items()]
         lease, hang = cfg.lease_timeout_s, cfg.hang_timeout_s
         for verdict in find_unresponsive(now, agents, lease_timeout_s=lease, hang_timeout_s=hang):
-            self.events.emit("node_unresponsive", node=verdict.worker_id, reason=verdict.reason)
+            self.events.record(NodeUnresponsive(verdict.worker_id, verdict.reason))
             agent = self.agents.pop(verdict.worker_id)
             agent.writer.close()
             for w in [w for w, p in self.workers.items() if p.node == verdict.worker_id]:
@@ -564,7 +575,7 @@ class Coordinator:
             peer = self.workers.get(verdict.worker_id)
             if peer is None:
                 continue
-            self.events.emit("hang_evicted", worker=verdict.worker_id, cause=verdict.cause, reason=verdict.reason)
+            self.events.record(HangEvicted(verdict.worker_id, verdict.cause, verdict.reason))
             self._send(self.agents.get(peer.node), msg.KillWorker(worker_id=verdict.worker_id, reason=verdict.reason))
             self._lose_worker(verdict.worker_id, f"{verdict.cause}: {verdict.reason}")
 

@@ -37,6 +37,7 @@ from slurm_elastic.decide.slurm_watch import (
     satellites_to_submit,
 )
 from slurm_elastic.errors import ElasticError, SlurmError
+from slurm_elastic.eventtypes import AgentRelaunched, AgentRelaunchGivenUp, ControlLoopFailed, SlurmJobStarted
 from slurm_elastic.exitmarker import fresh_core_exits, read_exit_code
 from slurm_elastic.jobdir import JobHandle, LaunchInfo, hook_comment, job_dir, make_job_dir, private_dir, user_name
 from slurm_elastic.logs import configure_logging, get_logger
@@ -140,9 +141,7 @@ class SlurmLaunch:
         JobHandle(self.slurm_job, address, self.secret, socket.gethostname(), os.getpid(), time.time()).write(self.dir)
         with contextlib.suppress(SlurmError):
             self.backend.set_comment(self.slurm_job, hook_comment(self.dir))
-        self.coordinator.coordinator.events.emit(
-            "slurm_job_started", slurm_job=self.slurm_job, nodes=nodes, restart_count=info.restart_count
-        )
+        self.coordinator.coordinator.events.record(SlurmJobStarted(self.slurm_job, tuple(nodes), info.restart_count))
         agent = agent_launch(
             cfg, self.command, coordinator=address, job_id=self.slurm_job, requeue_on_coordinator_loss=cfg.requeue
         ).to_argv()
@@ -195,7 +194,7 @@ class SlurmLaunch:
     def _fail(self, reason: str) -> None:
         assert self.coordinator is not None
         coord = self.coordinator.coordinator
-        coord.events.emit("control_loop_failed", loop="launcher", reason=reason)
+        coord.events.record(ControlLoopFailed(reason, loop="launcher"))
         self.coordinator.call(coord.fail, reason)
 
     def _watch_nodes(self) -> None:
@@ -245,7 +244,7 @@ class SlurmLaunch:
         for node in plan.give_up:
             self._given_up.add(node)
             reason = f"{self.config.max_relaunches} new agents in a row did not register"
-            events.emit("agent_relaunch_given_up", node=node, slurm_job=self.slurm_job, reason=reason)
+            events.record(AgentRelaunchGivenUp(node, self.slurm_job, reason))
         for node in plan.start:
             attempt = self._tries.get(node, (0, now))[0] + 1
             self._tries[node] = (attempt, now)
@@ -255,7 +254,7 @@ class SlurmLaunch:
             except OSError as exc:
                 log.warning("agent_relaunch_failed", node=node, error=str(exc))
                 continue
-            events.emit("agent_relaunched", node=node, slurm_job=self.slurm_job, attempt=attempt)
+            events.record(AgentRelaunched(node, self.slurm_job, attempt))
 
     def _keep_pool(self) -> None:
         assert self.coordinator is not None

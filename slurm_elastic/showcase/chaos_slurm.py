@@ -31,6 +31,8 @@ from slurm_elastic.eventtypes import (
     Commit,
     DrainRequested,
     GenerationReady,
+    JobFailed,
+    JobFinished,
     MembershipChange,
     NodeLost,
     WorkerRegistered,
@@ -120,7 +122,7 @@ class _Job(EventsFile):
 
     def wait(self, what: str, predicate: Callable[[], bool], timeout: float = 180.0) -> None:
         def alive_and(predicate: Callable[[], bool]) -> bool:
-            if self.events("job_failed") or self.events("job_finished"):
+            if self.of(JobFailed) or self.of(JobFinished):
                 raise ElasticError(f"chaos: waiting for {what}: the job ended; output:\n{self.output()[-3000:]}")
             return predicate()
 

@@ -11,7 +11,7 @@ import pytest
 
 from slurm_elastic.coordinator import CoordinatorThread
 from slurm_elastic.coordinator.config import CoordinatorConfig
-from slurm_elastic.eventtypes import GenerationReady, of_kind
+from slurm_elastic.eventtypes import ControlLoopFailed, GenerationReady, JobFinished, of_kind
 from slurm_elastic.wire.channel import Channel, connect, new_secret
 from slurm_elastic.wire.messages import Committed, Heartbeat, Register, Registered, WorkerEvent
 
@@ -88,6 +88,19 @@ def test_a_step_rank_0_took_from_a_peer_is_where_the_job_is(coordinator: Coordin
     ready = of_kind(coordinator.coordinator.events.all(), GenerationReady)
     assert [e.lost_committed_steps for e in ready] == [0, 9]
     assert {e.worker for e in ready} == {"n1:0:0"}  # the coordinator names the sender
+    channel.close()
+
+
+def test_a_worker_cannot_report_what_only_the_coordinator_says(coordinator: CoordinatorThread) -> None:
+    channel = registered(coordinator)
+    channel.send(WorkerEvent(kind="job_finished", fields={"reason": "spoofed", "step": 99}))
+    wait_for(lambda: dropped(coordinator))
+    assert "a worker cannot report a 'job_finished' event" in str(dropped(coordinator)[0]["reason"])
+    assert of_kind(coordinator.coordinator.events.all(), JobFinished) == []
+    channel.send(WorkerEvent(kind="control_loop_failed", fields={"reason": "its control thread died"}))
+    wait_for(lambda: of_kind(coordinator.coordinator.events.all(), ControlLoopFailed))
+    (died,) = of_kind(coordinator.coordinator.events.all(), ControlLoopFailed)
+    assert (died.worker, died.reason, died.loop) == ("n1:0:0", "its control thread died", None)
     channel.close()
 
 
