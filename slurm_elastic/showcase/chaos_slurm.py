@@ -122,7 +122,8 @@ class _Job(EventsFile):
 
     def wait(self, what: str, predicate: Callable[[], bool], timeout: float = 180.0) -> None:
         def alive_and(predicate: Callable[[], bool]) -> bool:
-            if self.of(JobFailed) or self.of(JobFinished):
+            ended = bool(self.of(JobFailed)) or bool(self.of(JobFinished))
+            if ended:
                 raise ElasticError(f"chaos: waiting for {what}: the job ended; output:\n{self.output()[-3000:]}")
             return predicate()
 
