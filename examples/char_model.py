@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 
 import torch
 import torch.nn.functional as F
@@ -69,7 +70,24 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=20)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--save", default=None, help="write the final model's state dict here (rank 0)")
+    p.add_argument("--device", type=pick_device, default="auto", help="cpu, cuda, cuda:N, or auto: this process's GPU, else the CPU")  # fmt: skip # noqa: E501
     return p.parse_args()
+
+
+def pick_device(requested: str) -> torch.device:
+    """`auto`: the GPU of this process's LOCAL_RANK (as torchrun and slurm-elastic number them) where there are
+    GPUs, else the CPU. A GPU becomes the current one, where the process groups' tensors go."""
+    if requested == "auto":
+        if not torch.cuda.is_available():
+            return torch.device("cpu")
+        requested = f"cuda:{int(os.environ.get('LOCAL_RANK', 0)) % torch.cuda.device_count()}"
+    try:
+        device = torch.device(requested)
+    except RuntimeError:
+        raise argparse.ArgumentTypeError(f"{requested!r} is not a device: use cpu, cuda, cuda:N or auto") from None
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    return device
 
 
 def build(
@@ -77,7 +95,7 @@ def build(
 ) -> tuple[TokenDataset, CharTransformer, torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
     torch.manual_seed(args.seed)
     data = TokenDataset(args.data, args.seq_len)
-    model = CharTransformer(data.vocab_size, args.seq_len, args.dim, args.layers, args.heads)
+    model = CharTransformer(data.vocab_size, args.seq_len, args.dim, args.layers, args.heads).to(args.device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_schedule(args.warmup, args.steps))
     return data, model, optimizer, scheduler

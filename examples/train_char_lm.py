@@ -11,6 +11,7 @@ def main() -> None:
     data, model, optimizer, scheduler = build(args)
     job = se.ElasticJob(model, optimizer, scheduler, dataset=data, global_batch=args.global_batch, micro_batch=args.micro_batch, seed=args.seed)  # fmt: skip # noqa: E501
     for x, y in job.micro_batches(args.steps):
+        x, y = x.to(args.device), y.to(args.device)
         loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
         job.backward(loss)
     if args.save and job.rank == 0:

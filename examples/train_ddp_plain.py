@@ -10,12 +10,13 @@ from char_model import build, parse_args, save
 
 def main() -> None:
     args = parse_args()
-    dist.init_process_group("gloo")
+    dist.init_process_group("nccl" if args.device.type == "cuda" else "gloo")
     data, model, optimizer, scheduler = build(args)
     model = DDP(model)
     sampler = DistributedSampler(data, seed=args.seed, drop_last=True)
     loader = DataLoader(data, batch_size=args.global_batch // dist.get_world_size(), sampler=sampler)
     for _, (x, y) in zip(range(args.steps), loader, strict=False):
+        x, y = x.to(args.device), y.to(args.device)
         loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
         optimizer.zero_grad()
         loss.backward()

@@ -119,7 +119,9 @@ class ElasticJob:
         self._phases = PhaseHooks()  # where tests and chaos act (worker.phases): nothing attached unless armed
         self._interrupt = Interrupt()
         self._ports = ports = ports or Ports()
-        self._runtime = Runtime(self.env, ports, self._phases, self._interrupt)
+        params = [p for p in model.parameters() if p.requires_grad]
+        device = params[0].device if params else torch.device("cpu")
+        self._runtime = Runtime(self.env, ports, self._phases, self._interrupt, device)
         # A fully_shard (FSDP2) model: shards held twice, re-sharded from peers (docs/fsdp.md); else replicas.
         self._strategy = strategy = choose_strategy(
             model, optimizer, scheduler, self.extra_state, settings,
@@ -134,8 +136,6 @@ class ElasticJob:
         pool = None
         if data.num_workers:  # forked now, before any process group or control thread exists
             pool = LoadPool(self._load_batch, data.num_workers, seed=seed, worker_init=data.worker_init)
-        params = [p for p in model.parameters() if p.requires_grad]
-        device = params[0].device if params else torch.device("cpu")
         prefetcher = Prefetcher(
             self._load_batch, settings.prefetch, pin_memory=data.pin_memory and device.type == "cuda", pool=pool
         )

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from slurm_elastic.errors import ElasticError
+from slurm_elastic.errors import ConfigError, ElasticError
 from slurm_elastic.worker.membership.helpers import HELPERS
 
 
@@ -220,7 +220,24 @@ def _wait_work(work: Any, interrupt: Interrupt, what: str) -> None:
     if not interrupt.wait(waiter):
         raise Interrupted(what)
     try:
-        work.wait()  # done already; raises its error, and on NCCL orders this stream after the collective's
+        work.wait()  # done already: raises its error
+    except Exception as exc:
+        raise CollectiveFailed(f"{what}: {exc}") from exc
+
+
+def _poll_work(work: Any, interrupt: Interrupt, what: str) -> None:
+    """Wait for an NCCL collective to end on the GPU, listening for the interrupt. Its future completes once
+    the collective is queued, and a host sync behind a collective whose peer died blocks for good (seen on an
+    H200: the training thread stuck in `.item()` after the reduction's wait): so poll the work's own CUDA
+    events and error, and leave the GPU to `abandon`'s abort when the generation is superseded."""
+    pause = 0.0
+    while not work.is_completed():
+        if interrupt.is_set():
+            raise Interrupted(what)
+        time.sleep(pause)
+        pause = min(pause + 5e-5, 1e-3)  # a step's sums end within microseconds of each other: poll fast first
+    try:
+        work.wait()  # ended: raises its error (a dead peer's, a timeout's) and orders this stream after it
     except Exception as exc:
         raise CollectiveFailed(f"{what}: {exc}") from exc
 
@@ -235,9 +252,13 @@ def _started(start: Callable[[], Any], what: str) -> Any:
         raise CollectiveFailed(f"{what} could not start: {exc}") from exc
 
 
-def pick_backend(requested: str) -> str:
+def pick_backend(requested: str, device: torch.device) -> str:
+    """The process groups' backend for a model on `device`: "auto" is NCCL for a model on a GPU and gloo for
+    one on the CPU, whatever else the host has; NCCL's collectives take CUDA tensors only."""
     if requested == "auto":
-        return "nccl" if torch.cuda.is_available() else "gloo"
+        return "nccl" if device.type == "cuda" else "gloo"
+    if requested == "nccl" and device.type != "cuda":
+        raise ConfigError(f"backend 'nccl' needs the model on a CUDA device, not {device.type}; use 'gloo' or 'auto'")
     return requested
 
 
@@ -339,7 +360,13 @@ class Group:
         if self.pg is None:
             return lambda: None
         work = _started(start, what)
-        return lambda: _wait_work(work, self.interrupt, what)
+        return lambda: self._wait(work, what)
+
+    def _wait(self, work: Any, what: str) -> None:
+        if self.backend == "nccl":
+            _poll_work(work, self.interrupt, what)
+        else:
+            _wait_work(work, self.interrupt, what)
 
     def allgather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
         if self.pg is None:
@@ -353,7 +380,7 @@ class Group:
         ops = [(self.pg.send, *s) for s in sends] + [(self.pg.recv, *r) for r in recvs]
         works = [_started(functools.partial(op, [t], peer, tag), "state transfer") for op, t, peer, tag in ops]
         for work in works:
-            _wait_work(work, self.interrupt, "state transfer")
+            self._wait(work, "state transfer")
 
     def abandon(self) -> None:
         for part in self._parts:

@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from pydantic import BaseModel
 
 from slurm_elastic.decide import worker as decide
@@ -53,8 +54,11 @@ class Entered:
 
 
 class Runtime:
-    def __init__(self, env: WorkerEnv, ports: Ports, phases: PhaseHooks, interrupt: Interrupt) -> None:
+    def __init__(
+        self, env: WorkerEnv, ports: Ports, phases: PhaseHooks, interrupt: Interrupt, device: torch.device
+    ) -> None:
         self.env = env
+        self.device = device  # the model's: it picks the process groups' backend
         self.ports = ports
         self.phases = phases
         self.interrupt = interrupt
@@ -77,7 +81,7 @@ class Runtime:
             self.settings = self.control.register(committed_step, os.getpid())
         except JobOver as exc:
             raise WorkerEnded(decide.ending_for_refused_registration(str(exc))) from None
-        self._backend = pick_backend(self.settings.backend)
+        self._backend = pick_backend(self.settings.backend, self.device)
         return self.settings
 
     def solo(self) -> Group:
