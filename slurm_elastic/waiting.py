@@ -37,3 +37,13 @@ def wait_until(
         if time.monotonic() > deadline:
             raise WaitTimedOut(f"timed out after {timeout:g} s waiting for {what}")
         time.sleep(poll)
+
+
+def holds_within(check: Callable[[], object], *, timeout: float, poll: float = 0.05) -> bool:
+    """Whether `check` comes true within `timeout` seconds (polled as `wait_until` polls), for a caller that
+    goes on either way."""
+    try:
+        wait_until(check, timeout=max(0.0, timeout), what="a condition", poll=poll)
+    except WaitTimedOut:
+        return False
+    return True

@@ -9,12 +9,12 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Callable
 
 from slurm_elastic.commands.common import fail
 from slurm_elastic.errors import ElasticError, SlurmError
 from slurm_elastic.jobdir import JobHandle, find_job, job_dir
 from slurm_elastic.sanitize import printable
+from slurm_elastic.waiting import holds_within
 from slurm_elastic.wire import messages as msg
 from slurm_elastic.wire.channel import request
 
@@ -116,14 +116,6 @@ def _drain(handle: JobHandle, nodes: list[str], hold_s: float = 0.0) -> None:
         _ask(handle, msg.DrainRequest(nodes=nodes, mode="boundary", reason=reason, source="reclaim", hold_s=hold_s))
 
 
-def _wait_until(check: Callable[[], bool], deadline: float) -> bool:
-    while not check():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.2)
-    return True
-
-
 def trains_on(status: msg.StatusReply, nodes: list[str]) -> bool:
     """Whether any of `nodes` still hosts a worker of the job, or a drain that has not happened yet."""
     return bool(set(nodes) & ({m.node for m in status.members} | set(status.draining)))
@@ -143,7 +135,7 @@ def run_reclaim_local(args: argparse.Namespace, handle: JobHandle) -> int:
     registered = registered_nodes(job_dir(args.job, user=args.user))
     nodes = choose_local_nodes_to_reclaim(status.nodes, registered, args.nodes, args.job)
     _drain(handle, nodes)
-    if not _wait_until(lambda: _agents_gone(handle, nodes), time.monotonic() + args.timeout):
+    if not holds_within(lambda: _agents_gone(handle, nodes), timeout=args.timeout, poll=0.2):
         return fail(f"nodes {nodes} did not leave job {args.job} within {args.timeout:.0f} s", 1)
     print(f"reclaim: released {', '.join(nodes)} (their agents exit by themselves)")
     return 0
@@ -172,7 +164,7 @@ def run_reclaim(args: argparse.Namespace) -> int:
     def left() -> bool:
         return not trains_on(status_of(handle), nodes) and _agents_gone(handle, satellite_nodes)
 
-    if not _wait_until(left, deadline):
+    if not holds_within(left, timeout=deadline - time.monotonic(), poll=0.2):
         return fail(f"nodes {nodes} did not leave job {args.job} within {args.timeout:.0f} s", 1)
     try:
         for job_id in sorted(s for s in satellites if s):
@@ -180,17 +172,16 @@ def run_reclaim(args: argparse.Namespace) -> int:
         if core_nodes:
             keep = [n for n in backend.job(args.job).nodes if n not in core_nodes]
             backend.resize_job(args.job, nodelist=keep)
-        while True:
+
+        def still_held() -> list[str]:
             held = set(backend.job(args.job).nodes) & set(core_nodes)
-            busy = [s for s in satellites if s and not backend.job(s).is_finished]
-            if not held and not busy:
-                break
-            if time.monotonic() > deadline:
-                return fail(f"Slurm did not release {sorted(held) + busy} within {args.timeout:.0f} s", 1)
-            time.sleep(0.5)
+            return sorted(held) + [s for s in satellites if s and not backend.job(s).is_finished]
+
+        if not holds_within(lambda: not still_held(), timeout=deadline - time.monotonic(), poll=0.5):
+            return fail(f"Slurm did not release {still_held()} within {args.timeout:.0f} s", 1)
     except SlurmError as exc:
         return fail(f"the nodes left the training job, but Slurm did not release them: {exc}", 1)
-    if not _wait_until(lambda: _agents_gone(handle, nodes), deadline):
+    if not holds_within(lambda: _agents_gone(handle, nodes), timeout=deadline - time.monotonic(), poll=0.2):
         return fail(f"Slurm released {nodes}, but their agents did not end within {args.timeout:.0f} s", 1)
     print(f"reclaim: released {', '.join(nodes)}")
     return 0

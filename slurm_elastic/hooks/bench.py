@@ -33,6 +33,7 @@ from slurm_elastic.showcase.metrics import median
 from slurm_elastic.showcase.workload import corpus, train_command
 from slurm_elastic.slurm import CliBackend
 from slurm_elastic.testing.devcluster import ClusterError, LocalCluster
+from slurm_elastic.waiting import WaitTimedOut, wait_until
 
 __all__ = ["add_parser", "hooks_dir_of", "restart_cluster", "run", "run_notify"]
 
@@ -91,13 +92,14 @@ class Job(EventsFile):
 
 
 def _report_after(job: Job, t0: float, source: str, timeout: float = 15.0) -> float | None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        told = [e.time for e in job.of(DrainRequested) if e.time > t0 and e.source == source]
-        if told:
-            return round(min(told) - t0, 3)
-        time.sleep(0.05)
-    return None
+    def first() -> float | None:
+        return min((e.time for e in job.of(DrainRequested) if e.time > t0 and e.source == source), default=None)
+
+    try:
+        told = wait_until(first, timeout=timeout, what=f"a drain request from the {source}")
+    except WaitTimedOut:
+        return None
+    return round(told - t0, 3)
 
 
 def _submit(root: Path) -> Job:

@@ -15,7 +15,6 @@ import json
 import os
 import re
 import subprocess
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +23,7 @@ from slurm_elastic.agentspec import AgentLaunch
 from slurm_elastic.errors import ElasticError
 from slurm_elastic.eventtypes import EventFormatError, NodeRegistered, of_kind
 from slurm_elastic.jobdir import LaunchInfo, home_of
+from slurm_elastic.waiting import wait_until
 
 _LOCAL = re.compile(r"^local(\d+)$")
 
@@ -106,21 +106,20 @@ def wait_registered(
     nodes: list[LocalNode], registered: Callable[[], list[str]], timeout: float, poll: float = 0.2
 ) -> None:
     """Return once every node's agent registered; an agent that exits first or a timeout is an error."""
-    deadline = time.monotonic() + timeout
-    waiting = list(nodes)
-    while waiting:
+
+    def waiting() -> list[LocalNode]:
         known = set(registered())
-        waiting = [n for n in waiting if n.name not in known]
-        for node in waiting:
+        return [n for n in nodes if n.name not in known]
+
+    def exited() -> str | None:
+        for node in waiting():
             if not _alive(node.pid):
                 tail = node.log.read_text(errors="replace").strip().splitlines()[-1:] if node.log.exists() else []
-                raise ElasticError(f"the agent of {node.name} exited before joining: {' '.join(tail) or node.log}")
-        if waiting and time.monotonic() > deadline:
-            raise ElasticError(
-                f"{[n.name for n in waiting]} did not register within {timeout:.0f} s (see {nodes[0].log})"
-            )
-        if waiting:
-            time.sleep(poll)
+                return f"the agent of {node.name} exited before joining: {' '.join(tail) or node.log}"
+        return None
+
+    what = f"{[n.name for n in nodes]} to register (see {nodes[0].log})"
+    wait_until(lambda: not waiting(), timeout=timeout, what=what, poll=poll, give_up=exited)
 
 
 def _alive(pid: int) -> bool:

@@ -45,6 +45,7 @@ from slurm_elastic.showcase.workload import corpus
 from slurm_elastic.slurm import CliBackend
 from slurm_elastic.testing.devcluster import LocalCluster
 from slurm_elastic.testing.devcluster.shell import tail
+from slurm_elastic.waiting import holds_within
 
 CORE = Path(__file__).resolve().parents[2] / "sbatch_templates" / "elastic_core.sbatch"
 SLURM_PAUSE_S = 2 * PAUSE_S  # paced, so that a node that takes seconds to start still finds the job running
@@ -270,10 +271,7 @@ class _Runner:
         """An armed fault strikes in its successor's recovery or in the state transfer to its joiner, maybe
         after the refill looked: once it is seen to fire, its node is waited out and refilled too."""
         job = self.job
-        deadline = time.monotonic() + 10.0
-        while not self.struck()[index] and time.monotonic() < deadline:
-            time.sleep(0.2)
-        if self.struck()[index]:
+        if holds_within(lambda: self.struck()[index], timeout=10.0, poll=0.2):
             job.wait(f"{fault.node} to leave after its {fault.kind}", lambda: fault.node in job.left_since(since))
             self.joins += job.refill()
 

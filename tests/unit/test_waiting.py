@@ -7,7 +7,7 @@ import itertools
 import pytest
 
 from slurm_elastic.errors import ElasticError
-from slurm_elastic.waiting import WaitTimedOut, wait_until
+from slurm_elastic.waiting import WaitTimedOut, holds_within, wait_until
 
 
 def test_it_returns_the_first_true_value_the_check_gives() -> None:
@@ -31,3 +31,12 @@ def test_a_reason_to_give_up_ends_the_wait_at_once_with_that_reason() -> None:
 
 def test_a_check_that_is_true_at_once_wins_over_a_reason_to_give_up() -> None:
     assert wait_until(lambda: 1, timeout=0, what="x", give_up=lambda: "ended") == 1
+
+
+def test_holds_within_says_whether_the_check_came_true_and_never_raises() -> None:
+    calls = itertools.count()
+    assert holds_within(lambda: next(calls) >= 2, timeout=30, poll=0)
+    assert next(calls) == 3
+    assert not holds_within(lambda: False, timeout=0.05, poll=0.01)
+    assert not holds_within(lambda: False, timeout=-5.0, poll=0.01)  # a deadline already past: one check, false
+    assert holds_within(lambda: True, timeout=-5.0)

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from slurm_elastic.errors import ElasticError
 from slurm_elastic.testing.devcluster.cluster import LocalCluster
+from slurm_elastic.waiting import wait_until
 
 __all__ = ["capture"]
 
@@ -53,13 +54,8 @@ class _Recorder:
         return self.cluster.slurm("squeue", "-h", "-j", job_id, "-o", "%T", check=False).stdout.strip()
 
     def wait_state(self, job_id: str, state: str, timeout_s: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while self.job_state(job_id) != state:
-            if time.monotonic() > deadline:
-                raise ElasticError(
-                    f"job {job_id} not {state} after {timeout_s:g} s; see {self.cluster.layout.ctld_log}"
-                )
-            time.sleep(0.5)
+        what = f"job {job_id} to be {state} (see {self.cluster.layout.ctld_log})"
+        wait_until(lambda: self.job_state(job_id) == state, timeout=timeout_s, what=what, poll=0.5)
 
 
 def capture(cluster: LocalCluster, out: Path) -> list[Row]:

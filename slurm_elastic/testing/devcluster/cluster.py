@@ -21,6 +21,7 @@ from slurm_elastic.testing.devcluster.conf import (
 from slurm_elastic.testing.devcluster.layout import Layout, default_state_dir
 from slurm_elastic.testing.devcluster.shell import ClusterError, find_binary, run, start_daemon, tail
 from slurm_elastic.testing.devcluster.unkillable import UNKILLABLE_STEP_PROGRAM
+from slurm_elastic.waiting import WaitTimedOut, holds_within, wait_until
 
 __all__ = ["LocalCluster"]
 
@@ -201,18 +202,24 @@ class LocalCluster:
             env=self._daemon_env(),
             log=log,
         )
-        deadline = time.monotonic() + self.startup_timeout_s
         missing_since: float | None = None
-        while self.slurm("scontrol", "ping", timeout_s=15.0, check=False).returncode != 0:
-            now = time.monotonic()
+
+        def died() -> str | None:
             # slurmctld daemonizes: for a moment no process matches. Only a lasting absence means it died.
+            nonlocal missing_since
             if self.layout.controller_pids(procs.list_procs()):
                 missing_since = None
             elif missing_since is None:
-                missing_since = now
-            if now > deadline or (missing_since is not None and now - missing_since > 3.0):
-                raise ClusterError(f"slurmctld did not come up; see {log}", tail(log))
-            time.sleep(0.5)
+                missing_since = time.monotonic()
+            return "it is gone" if missing_since is not None and time.monotonic() - missing_since > 3.0 else None
+
+        def answers() -> bool:
+            return self.slurm("scontrol", "ping", timeout_s=15.0, check=False).returncode == 0
+
+        try:
+            wait_until(answers, timeout=self.startup_timeout_s, what="slurmctld", poll=0.5, give_up=died)
+        except WaitTimedOut:
+            raise ClusterError(f"slurmctld did not come up; see {log}", tail(log)) from None
 
     def _start_slurmd(self, node: str) -> None:
         binary = find_binary("slurmd") or "slurmd"
@@ -227,23 +234,24 @@ class LocalCluster:
         self, nodes: tuple[str, ...] | list[str], *, want_idle: bool = False, timeout_s: float = 60.0
     ) -> None:
         """Wait until each node responds and takes work (idle, with want_idle); raise with the log tail."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            states = self.node_states()
-            waiting = [
-                n for n in nodes if not (states.get(n) == "idle" if want_idle else _usable(states.get(n, "down")))
-            ]
-            if not waiting:
-                return
-            if time.monotonic() > deadline:
-                node = waiting[0]
-                dead = not self.layout.slurmd_pids(procs.list_procs(), node)
-                log = self.layout.slurmd_log(node) if dead or states else self.layout.ctld_log
-                shown = ", ".join(f"{n}={states.get(n, '?')}" for n in waiting)
-                raise ClusterError(
-                    f"nodes not {'idle' if want_idle else 'up'} after {timeout_s:g} s ({shown}); see {log}", tail(log)
-                )
-            time.sleep(0.5)
+        states: dict[str, str] = {}
+
+        def waiting() -> list[str]:
+            states.clear()
+            states.update(self.node_states())
+            return [n for n in nodes if not (states.get(n) == "idle" if want_idle else _usable(states.get(n, "down")))]
+
+        if holds_within(lambda: not waiting(), timeout=timeout_s, poll=0.5):
+            return
+        left = waiting()
+        if not left:  # up just now
+            return
+        dead = not self.layout.slurmd_pids(procs.list_procs(), left[0])
+        log = self.layout.slurmd_log(left[0]) if dead or states else self.layout.ctld_log
+        shown = ", ".join(f"{n}={states.get(n, '?')}" for n in left)
+        raise ClusterError(
+            f"nodes not {'idle' if want_idle else 'up'} after {timeout_s:g} s ({shown}); see {log}", tail(log)
+        )
 
     def recover_nodes(self, timeout_s: float = 60.0) -> list[tuple[str, str, str]]:
         """Bring back every node that is drained, down or failed (its slurmd restarted if it died, then

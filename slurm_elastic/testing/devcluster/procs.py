@@ -8,10 +8,11 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+
+from slurm_elastic.waiting import holds_within
 
 __all__ = [
     "Proc",
@@ -177,10 +178,12 @@ def _signal(pids: Iterable[int], sig: signal.Signals) -> None:
 def wait_gone(pids: Iterable[int], timeout_s: float) -> set[int]:
     """Wait until none of `pids` is alive; return those still alive at the deadline."""
     left = {pid for pid in pids if alive(pid)}
-    deadline = time.monotonic() + timeout_s
-    while left and time.monotonic() < deadline:
-        time.sleep(0.1)
-        left = {pid for pid in left if alive(pid)}
+
+    def gone() -> bool:
+        left.intersection_update({pid for pid in left if alive(pid)})
+        return not left
+
+    holds_within(gone, timeout=timeout_s, poll=0.1)
     return left
 
 

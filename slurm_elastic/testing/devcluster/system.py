@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import os
 import pwd
-import time
 from pathlib import Path
 
 from slurm_elastic.testing.devcluster import procs
 from slurm_elastic.testing.devcluster.conf import SlurmVersion
 from slurm_elastic.testing.devcluster.shell import ClusterError, find_binary, run, start_daemon, tail
+from slurm_elastic.waiting import holds_within
 
 __all__ = [
     "MUNGE_KEY",
@@ -103,11 +103,8 @@ def ensure_munge(state_dir: Path, *, timeout_s: float = 15.0) -> bool:
     os.chown(_MUNGE_RUN_DIR, user.pw_uid, user.pw_gid)
     munged = find_binary("munged") or "munged"
     start_daemon([munged], out=state_dir / "log" / "munged.out", user="munge", log=_MUNGE_LOG)
-    deadline = time.monotonic() + timeout_s
-    while not _munge_works():
-        if time.monotonic() > deadline:
-            raise ClusterError(f"munged did not answer within {timeout_s:g} s; see {_MUNGE_LOG}", tail(_MUNGE_LOG))
-        time.sleep(0.2)
+    if not holds_within(_munge_works, timeout=timeout_s, poll=0.2):
+        raise ClusterError(f"munged did not answer within {timeout_s:g} s; see {_MUNGE_LOG}", tail(_MUNGE_LOG))
     pid = procs.read_pid_file(_MUNGE_PID_FILE)
     if pid is not None:
         (state_dir / _STARTED_MARKER).write_text(f"{pid}\n")
