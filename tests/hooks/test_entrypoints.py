@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from slurm_elastic.coordinator import CoordinatorConfig, CoordinatorThread
+from slurm_elastic.eventtypes import DrainRequested, of_kind
 from slurm_elastic.hooks import base, epilog, epilog_slurmctld, healthcheck, prolog
 from slurm_elastic.hooks.dedupe import StateFile
 from slurm_elastic.jobdir import JobHandle
@@ -92,9 +93,9 @@ def _toml(value: object) -> str:
     return str(value).lower() if isinstance(value, bool) else repr(value) if isinstance(value, str) else str(value)
 
 
-def drains(world: dict[str, Any], reason_part: str) -> list[dict[str, Any]]:
-    events = world["thread"].coordinator.events.all()
-    return [e for e in events if e["event"] == "drain_requested" and reason_part in e["reason"]]
+def drains(world: dict[str, Any], reason_part: str) -> list[DrainRequested]:
+    events = of_kind(world["thread"].coordinator.events.all(), DrainRequested)
+    return [e for e in events if reason_part in e.reason]
 
 
 def log_lines(world: dict[str, Any]) -> list[str]:
@@ -113,7 +114,7 @@ def test_epilog_of_a_shrink_tells_the_coordinator_and_cleans(world: dict[str, An
     env = {**world["env"], "SLURM_JOB_ID": "100", "SLURMD_NODENAME": "n3", "SLURM_NODELIST": "n3"}
     assert base.main("epilog", lambda _: epilog.run(env)) == 0
     (event,) = drains(world, "n3 left running job 100")
-    assert (event["nodes"], event["mode"], event["source"]) == (["n3"], "now", "epilog")
+    assert (event.nodes, event.mode, event.source) == (("n3",), "now", "epilog")
     assert not cache.exists()
     lines = log_lines(world)
     assert any("epilog job=100 node=n3 action=notify result=ok coordinator_job=100 mode=now" in line for line in lines)
@@ -190,13 +191,13 @@ def test_healthcheck_tells_each_job_once_per_state(world: dict[str, Any]) -> Non
     for _ in range(3):
         healthcheck.run(env)
     (drain,) = drains(world, "Slurm marks n2 DRAIN: maintenance")
-    assert (drain["mode"], drain["source"]) == ("boundary", "healthcheck")
+    assert (drain.mode, drain.source) == ("boundary", "healthcheck")
     assert sum("job=106 node=n2 action=find result=not_elastic" in line for line in log_lines(world)) == 1
     fake.nodes["n2"] = NodeInfo("n2", "MIXED", frozenset({"FAIL"}), "dying")
     healthcheck.run(env)
     healthcheck.run(env)
     (fail,) = drains(world, "Slurm marks n2 FAIL: dying")
-    assert fail["mode"] == "now"
+    assert fail.mode == "now"
 
 
 def test_healthcheck_drains_a_sick_node_and_tells_its_jobs_in_the_same_run(world: dict[str, Any]) -> None:
@@ -208,7 +209,7 @@ def test_healthcheck_drains_a_sick_node_and_tells_its_jobs_in_the_same_run(world
     healthcheck.run({**world["env"], "SLURMD_NODENAME": "n4"})
     assert [(n, s) for n, s, _ in fake.updates] == [("n4", "DRAIN")]
     (drain,) = drains(world, "Slurm marks n4 DRAIN: slurm-elastic healthcheck: shm")
-    assert drain["mode"] == "boundary"
+    assert drain.mode == "boundary"
     # Healthy again: the next full check lifts its own drain.
     hooks_toml.write_text(hooks_toml.read_text().replace("999999999", "0"))
     files = StateFile(world["tmp"] / "state", "n4")
@@ -229,7 +230,7 @@ def test_a_watching_health_check_reports_a_drain_within_its_run(world: dict[str,
     healthcheck.run({**world["env"], "SLURMD_NODENAME": "n1"})
     assert time.monotonic() - started >= 2.5  # it watched for the whole time
     (drain,) = drains(world, "Slurm marks n1 DRAIN: m")
-    assert drain["mode"] == "boundary"
+    assert drain.mode == "boundary"
     assert fake.queries > 20
 
 
@@ -251,7 +252,7 @@ def test_epilog_slurmctld_tells_the_core_about_a_satellites_nodes(world: dict[st
     env = {**world["env"], "SLURM_JOB_ID": "108", "SLURM_JOB_NODELIST": "n[3-4]", "SLURM_JOB_COMMENT": world["comment"]}
     assert epilog_slurmctld.run(env) == base.EX_OK
     (drain,) = drains(world, "satellite job 108 of job 100 ended")
-    assert (drain["nodes"], drain["source"]) == (["n3", "n4"], "epilog_slurmctld")
+    assert (drain.nodes, drain.source) == (("n3", "n4"), "epilog_slurmctld")
 
 
 def test_a_hostile_environment_is_one_refused_line(world: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:

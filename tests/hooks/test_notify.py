@@ -10,6 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 from slurm_elastic.coordinator import CoordinatorConfig, CoordinatorThread
+from slurm_elastic.eventtypes import DrainRequested, of_kind
 from slurm_elastic.hooks.notify import notify
 from slurm_elastic.jobdir import JobHandle
 from slurm_elastic.wire.channel import new_secret
@@ -31,8 +32,8 @@ def test_the_coordinator_records_the_drain(coordinator: tuple[CoordinatorThread,
     thread, handle = coordinator
     sent = notify(handle, ["n3"], "now", "n3 left running job 55", "epilog", timeout_s=5)
     assert sent.ok, sent
-    (event,) = [e for e in thread.coordinator.events.all() if e["event"] == "drain_requested"]
-    assert (event["nodes"], event["mode"], event["source"]) == (["n3"], "now", "epilog")
+    (event,) = of_kind(thread.coordinator.events.all(), DrainRequested)
+    assert (event.nodes, event.mode, event.source) == (("n3",), "now", "epilog")
 
 
 def test_a_wrong_secret_is_refused(coordinator: tuple[CoordinatorThread, JobHandle]) -> None:

@@ -12,6 +12,7 @@ import pytest
 
 from slurm_elastic.config import JobConfig
 from slurm_elastic.events import read_events
+from slurm_elastic.eventtypes import MembershipChange, of_kind
 from slurm_elastic.launch.local import LocalJob
 from slurm_elastic.ledger import analyze
 from slurm_elastic.showcase.metrics import max_param_rel_diff
@@ -67,7 +68,7 @@ def test_a_kill_and_a_join_end_with_the_uninterrupted_model(tmp_path: Path) -> N
         job.stop()
     assert result.ok, f"{result.phase}: {result.reason}\n{result.failure_traceback or ''}"
     events = read_events(job.dir / "events.jsonl")
-    worlds = [e["world"] for e in events if e["event"] == "membership_change"]
+    worlds = [e.world for e in of_kind(events, MembershipChange)]
     assert worlds == [3, 2, 3], worlds
     ledger = analyze(out / "ledger")
     assert (ledger.committed_steps, ledger.duplicate_samples, ledger.skipped_samples) == (30, 0, 0)

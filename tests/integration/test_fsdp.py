@@ -17,7 +17,7 @@ import torch
 
 from slurm_elastic.config import JobConfig
 from slurm_elastic.events import read_events
-from slurm_elastic.eventtypes import CheckpointFallback, GenerationReady, MembershipChange, of_kind
+from slurm_elastic.eventtypes import CheckpointFallback, GenerationReady, MembershipChange, StateLost, of_kind
 from slurm_elastic.faults import FaultPlan
 from slurm_elastic.launch.local import LocalJob
 from slurm_elastic.ledger import LedgerReport, analyze
@@ -186,7 +186,7 @@ def test_hsdp_loses_both_holders_of_a_shard_and_resumes_from_the_first_replica_g
     assert layouts[:3] == [(4, 2, False), (3, 3, True), (4, 2, False)], layouts
     assert layouts[-1] == (2, 2, True), layouts
     assert sorted(p.name for p in (tmp_path / "ckpt" / "step-000000006").iterdir()) == ["rank-00000", "rank-00001"]
-    lost = [e for e in events if e["event"] == "state_lost"]
-    assert lost and "no live holder" in lost[0]["detail"], lost
+    lost = of_kind(events, StateLost)
+    assert lost and "no live holder" in lost[0].detail, lost
     (fallback,) = of_kind(events, CheckpointFallback)
     assert fallback.resume_step == 6, fallback

@@ -13,6 +13,7 @@ import torch
 
 from slurm_elastic.config import JobConfig
 from slurm_elastic.events import read_events
+from slurm_elastic.eventtypes import MembershipChange, of_kind
 from slurm_elastic.launch.local import LocalJob
 from slurm_elastic.ledger import analyze
 from slurm_elastic.showcase.metrics import max_param_rel_diff, tolerance
@@ -67,7 +68,7 @@ def test_a_kill_and_a_join_end_with_the_uninterrupted_model(tmp_path: Path) -> N
         job.stop()
     assert result.ok, f"{result.phase}: {result.reason}\n{result.failure_traceback or ''}"
     events = read_events(job.dir / "events.jsonl")
-    assert [e["world"] for e in events if e["event"] == "membership_change"] == [3, 2, 3]
+    assert [e.world for e in of_kind(events, MembershipChange)] == [3, 2, 3]
     ledger = analyze(out / "ledger")
     assert (ledger.committed_steps, ledger.duplicate_samples, ledger.skipped_samples) == (STEPS, 0, 0)
     got, want = torch.load(out / "model.pt"), torch.load(ref / "model.pt")

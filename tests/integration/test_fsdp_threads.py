@@ -21,7 +21,7 @@ from torch.distributed.fsdp import fully_shard
 from slurm_elastic.decide.layout import plan_layout
 from slurm_elastic.decide.reshard import shard_rows
 from slurm_elastic.errors import ConfigError
-from slurm_elastic.eventtypes import GenerationReady, of_kind
+from slurm_elastic.eventtypes import E, GenerationReady, JobFailed, StateLost, of_kind
 from slurm_elastic.faults import FaultPlan
 from slurm_elastic.ledger import analyze
 from slurm_elastic.showcase.metrics import max_param_rel_diff, tolerance
@@ -139,11 +139,16 @@ def assert_exactly_once(ledger: Path, steps: int = STEPS) -> None:
 
 
 def events(job: ThreadJob, kind: str) -> list[dict[str, Any]]:
+    """The plain records of one kind (a worker's own reports, such as `shard_refused`)."""
     return [e for e in job.coordinator.coordinator.events.recent(200) if e["event"] == kind]
 
 
+def of(job: ThreadJob, kind: type[E]) -> list[E]:
+    return of_kind(job.coordinator.coordinator.events.recent(200), kind)
+
+
 def ready_events(job: ThreadJob) -> list[GenerationReady]:
-    return of_kind(job.coordinator.coordinator.events.recent(200), GenerationReady)
+    return of(job, GenerationReady)
 
 
 def test_no_fault_matches_the_one_process_training(tmp_path: Path) -> None:
@@ -249,10 +254,10 @@ def test_both_holders_of_a_shard_lost_is_said_in_one_event_and_never_resumed_sil
     results = job.run()
     ended = [r for r in results.values() if not r.died]
     assert ended and all(r.ending == "job_failed" for r in ended), [(r.worker, r.ending, r.error) for r in ended]
-    lost = events(job, "state_lost")
-    assert lost and "no live holder" in lost[0]["detail"]
-    failed = events(job, "job_failed")
-    assert failed and "--checkpoint-dir" in failed[-1]["reason"]
+    lost = of(job, StateLost)
+    assert lost and "no live holder" in lost[0].detail
+    failed = of(job, JobFailed)
+    assert failed and "--checkpoint-dir" in failed[-1].reason
 
 
 def grow_by_one(nodes: int, tmp_path: Path, shard_group: int | None = None) -> tuple[ThreadJob, dict[str, RankResult]]:

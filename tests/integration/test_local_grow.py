@@ -19,7 +19,7 @@ import pytest
 from slurm_elastic.commands.jobs import trains_on
 from slurm_elastic.config import JobConfig
 from slurm_elastic.events import read_events
-from slurm_elastic.eventtypes import NodeRegistered
+from slurm_elastic.eventtypes import MembershipChange, NodeRegistered, of_kind
 from slurm_elastic.jobdir import JobHandle
 from slurm_elastic.launch.local import LocalJob
 from slurm_elastic.launch.localgrow import choose_local_nodes_to_reclaim, next_node_names, registered_nodes
@@ -112,9 +112,7 @@ def test_reclaim_and_grow_a_local_job(tmp_path: Path) -> None:
         for pid in grown_pids:
             _wait_or_kill(pid)
     assert result.ok, f"{result.phase}: {result.reason}"
-    changes = [
-        (e["cause"], e["world"]) for e in read_events(job.dir / "events.jsonl") if e["event"] == "membership_change"
-    ]
+    changes = [(e.cause, e.world) for e in of_kind(read_events(job.dir / "events.jsonl"), MembershipChange)]
     assert [w for _, w in changes] == [3, 2, 3], changes
     assert "drain" in changes[1][0] and "join" in changes[2][0]
     ledger = analyze(tmp_path / "ledger")
@@ -164,7 +162,7 @@ def test_an_agent_whose_node_goes_back_by_a_shrink_stays_until_it_is_ended(tmp_p
         after.touch()
         job.stop()
     assert result.ok, f"{result.phase}: {result.reason}"
-    changes = [e["world"] for e in read_events(job.dir / "events.jsonl") if e["event"] == "membership_change"]
+    changes = [e.world for e in of_kind(read_events(job.dir / "events.jsonl"), MembershipChange)]
     assert changes == [3, 2], changes
     ledger = analyze(tmp_path / "ledger")
     assert (ledger.duplicate_samples, ledger.skipped_samples) == (0, 0)

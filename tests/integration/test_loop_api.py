@@ -16,6 +16,7 @@ from torch import nn
 from torch.utils.data import DataLoader, IterableDataset, WeightedRandomSampler
 
 from slurm_elastic.errors import ConfigError, UsageError
+from slurm_elastic.eventtypes import UserFailure, of_kind
 from slurm_elastic.showcase.metrics import max_param_rel_diff, tolerance
 from slurm_elastic.testing.threadranks import ThreadJob
 from slurm_elastic.worker import ElasticJob, ElasticLoader
@@ -259,8 +260,8 @@ def test_ranks_that_break_out_of_the_loop_fail_the_job_with_the_documented_error
         job.stop()
     errors = [r.error for r in results.values()]
     assert all(isinstance(e, UsageError) and "left during step 3" in str(e) for e in errors), errors
-    failures = [e for e in job.coordinator.coordinator.events.recent(100) if e["event"] == "user_failure"]
-    assert {f["signature"] for f in failures} == {"UsageError: the training loop job.micro_batches() was left early"}
+    failures = of_kind(job.coordinator.coordinator.events.recent(100), UserFailure)
+    assert {f.signature for f in failures} == {"UsageError: the training loop job.micro_batches() was left early"}
     assert job.coordinator.view().phase == "failed", "identical failures on every rank stop the job"
 
 

@@ -15,6 +15,7 @@ import torch
 
 from slurm_elastic.config import JobConfig
 from slurm_elastic.decide import worker as decide
+from slurm_elastic.eventtypes import MembershipChange, of_kind
 from slurm_elastic.launch.local import LocalJob
 from slurm_elastic.showcase.metrics import max_param_rel_diff
 from slurm_elastic.testing.threadranks import ThreadJob
@@ -117,5 +118,5 @@ def test_a_whole_job_paused_and_resumed_evicts_no_one(
     assert not {"node_unresponsive", "hang_evicted", "node_lost", "worker_exited"} & set(
         kinds[: kinds.index("job_finished")]
     )
-    assert [e["world"] for e in events if e["event"] == "membership_change"][-1] == 3
+    assert [e.world for e in of_kind(events, MembershipChange)][-1] == 3
     assert max_param_rel_diff(torch.load(model), reference) <= TOLERANCE

@@ -6,7 +6,6 @@ Needs the `slurm_cluster` fixture (tests/slurm/conftest.py, from the devcluster 
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ from slurm_elastic.slurm.cli_backend import CliBackend
 from slurm_elastic.slurm.records import JobInfo
 from slurm_elastic.testing.devcluster.shell import find_binary
 from slurm_elastic.testing.slurmcontract import CHECKS, Harness
+from slurm_elastic.waiting import wait_until
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(300)]
 
@@ -39,14 +39,11 @@ class ClusterHarness:
         return path
 
     def wait_for(self, job_id: str, predicate: Callable[[JobInfo], bool], what: str) -> JobInfo:
-        deadline = time.monotonic() + _WAIT_S
-        while True:
+        def reached() -> JobInfo | None:
             job = self.backend.job(job_id)
-            if predicate(job):
-                return job
-            if time.monotonic() > deadline:
-                raise AssertionError(f"job {job_id} did not reach {what} in {_WAIT_S:g} s: {job}")
-            time.sleep(0.5)
+            return job if predicate(job) else None
+
+        return wait_until(reached, timeout=_WAIT_S, what=f"job {job_id} to reach {what}", poll=0.5)
 
 
 @pytest.mark.parametrize("check", sorted(CHECKS))

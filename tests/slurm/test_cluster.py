@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from slurm_elastic import waiting
 from slurm_elastic.testing.devcluster import LocalCluster, procs
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(300)]
@@ -23,11 +24,7 @@ WAIT_S = 120.0
 
 
 def wait_until(predicate: Callable[[], bool], what: str, timeout_s: float = WAIT_S) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
-        time.sleep(0.25)
+    waiting.wait_until(predicate, timeout=timeout_s, what=what, poll=0.25)
 
 
 class Jobs:

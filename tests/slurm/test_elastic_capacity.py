@@ -8,11 +8,17 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from slurm_elastic.eventtypes import MembershipChange, NodeRegistered, Recovered
+from slurm_elastic.eventtypes import (
+    GenerationReady,
+    JobSuspended,
+    MembershipChange,
+    NodeRegistered,
+    Recovered,
+    SlurmJobStarted,
+)
 from slurm_elastic.slurm import CliBackend
 from slurm_elastic.testing.devcluster import LocalCluster
 
@@ -101,11 +107,11 @@ def test_grow_keep_pending_takes_freed_nodes(cleanup: list[str], tmp_path: Path)
     assert not [s for s in satellites(job) if not CliBackend().job(s).is_finished]  # the pool ends with the job
 
 
-def wait_resumed(job: ElasticSlurmJob, start_timeout: float) -> tuple[dict[str, Any], dict[str, Any]]:
+def wait_resumed(job: ElasticSlurmJob, start_timeout: float) -> tuple[SlurmJobStarted, GenerationReady]:
     """The requeued job's second start, and the first generation it formed after it."""
-    job.wait("the requeued job to resume", lambda: bool(job.events("slurm_job_started")[1:]), timeout=start_timeout)
-    restart = job.events("slurm_job_started")[1]
-    resumed = lambda: [e for e in job.events("generation_ready") if e["time"] > restart["time"]]  # noqa: E731
+    job.wait("the requeued job to resume", lambda: bool(job.of(SlurmJobStarted)[1:]), timeout=start_timeout)
+    restart = job.of(SlurmJobStarted)[1]
+    resumed = lambda: [e for e in job.of(GenerationReady) if e.time > restart.time]  # noqa: E731
     job.wait("the resumed job's first generation", lambda: bool(resumed()), timeout=120)
     return restart, resumed()[0]
 
@@ -118,15 +124,15 @@ def test_whole_job_preemption_checkpoints_requeues_and_resumes(
     cleanup.append(job.job_id)
     job.wait_step(8)
     cleanup.append(sbatch("--partition=infer", "--exclusive", "--nodelist=n4", "--wrap=sleep 40"))
-    job.wait("the job to suspend", lambda: bool(job.events("job_suspended")), timeout=60)
-    suspended_at = job.events("job_suspended")[0]["step"]
+    job.wait("the job to suspend", lambda: bool(job.of(JobSuspended)), timeout=60)
+    suspended_at = job.of(JobSuspended)[0].step
     job.wait("the job to be requeued", lambda: job.info().is_pending, timeout=60)
     # n4 stays busy for a while: let the job resume on fewer nodes rather than wait for it.
     subprocess.run(["scontrol", "update", f"JobId={job.job_id}", "NumNodes=2-4"], check=True, timeout=30)
     restart, first = wait_resumed(job, start_timeout=180)
-    assert restart["restart_count"] >= 1 and 2 <= len(restart["nodes"]) < 4 and "n4" not in restart["nodes"]
-    assert first["resume_step"] == suspended_at  # the SIGTERM checkpoint: nothing lost
-    assert first["world"] == len(restart["nodes"])  # a different node count than before
+    assert restart.restart_count >= 1 and 2 <= len(restart.nodes) < 4 and "n4" not in restart.nodes
+    assert first.resume_step == suspended_at  # the SIGTERM checkpoint: nothing lost
+    assert first.world == len(restart.nodes)  # a different node count than before
     job.wait_finished()
     job.assert_same_training(reference_model(tmp_path.parent, 100))
 
@@ -142,8 +148,8 @@ def test_batch_host_loss_resumes_from_the_periodic_checkpoint(
     assert batch_host is not None
     slurm_cluster.kill_node(batch_host)
     restart, first = wait_resumed(job, start_timeout=240)
-    assert restart["restart_count"] >= 1 and batch_host not in restart["nodes"]
-    assert first["resume_step"] >= 10  # a periodic checkpoint (every 10 steps)
+    assert restart.restart_count >= 1 and batch_host not in restart.nodes
+    assert first.resume_step >= 10  # a periodic checkpoint (every 10 steps)
     slurm_cluster.restart_node(batch_host)
     job.wait_finished(timeout=400)
     job.assert_same_training(reference_model(tmp_path.parent, 80))

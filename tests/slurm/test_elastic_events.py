@@ -10,7 +10,17 @@ from pathlib import Path
 
 import pytest
 
-from slurm_elastic.eventtypes import CheckpointFallback, MembershipChange, NodeLost, Recovered
+from slurm_elastic.eventtypes import (
+    AgentRelaunched,
+    CheckpointFallback,
+    HangEvicted,
+    JobFailed,
+    MembershipChange,
+    NodeLost,
+    NodeUnresponsive,
+    Recovered,
+    RestartAll,
+)
 from slurm_elastic.faults import FaultPlan
 from slurm_elastic.testing.devcluster import LocalCluster
 
@@ -57,7 +67,7 @@ def test_node_failure_is_handled_long_before_slurm_notices(
     job.wait("the job to shrink again", lambda: worlds(job)[-1:] == [3], timeout=60)
     slurm_cluster.restart_node("n3")
     job.wait("n3 to rejoin again", lambda: worlds(job)[-1:] == [4], timeout=90)
-    assert [e["node"] for e in job.events("agent_relaunched")] == ["n3", "n3"]
+    assert [e.node for e in job.of(AgentRelaunched)] == ["n3", "n3"]
     job.wait_finished()
     job.assert_same_training(reference_model(tmp_path.parent, 80))
 
@@ -106,7 +116,7 @@ def test_a_suspended_and_resumed_job_evicts_no_one(jobs: list[ElasticSlurmJob], 
     subprocess.run(["scontrol", "resume", job.job_id], check=True, timeout=30)
     job.wait_finished()
     assert worlds(job) == [4], "nobody was evicted or lost"
-    assert not job.events("node_unresponsive") and not job.events("hang_evicted") and not job.of(NodeLost)
+    assert not job.of(NodeUnresponsive) and not job.of(HangEvicted) and not job.of(NodeLost)
     job.assert_same_training(reference_model(tmp_path.parent, 40))
 
 
@@ -124,5 +134,5 @@ def test_every_holder_lost_restarts_the_workers_from_the_latest_checkpoint(
     job.wait_finished(hurry=False)  # at the pace of a job whose nodes are all there before step 15
     (fallback,) = job.of(CheckpointFallback)
     assert fallback.resume_step == 10 and fallback.last_committed_step == 14  # a checkpoint every 10
-    assert job.events("restart_all") and not job.events("job_failed")
+    assert job.of(RestartAll) and not job.of(JobFailed)
     job.assert_same_training(reference_model(tmp_path.parent, 40))

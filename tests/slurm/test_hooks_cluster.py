@@ -18,7 +18,9 @@ from typing import Any
 
 import pytest
 
+from slurm_elastic import waiting
 from slurm_elastic.coordinator import CoordinatorConfig, CoordinatorThread
+from slurm_elastic.eventtypes import DrainRequested, of_kind
 from slurm_elastic.hooks.bench import hooks_dir_of, restart_cluster
 from slurm_elastic.hooks.check import check_installation
 from slurm_elastic.hooks.install import InstallOptions, install
@@ -34,12 +36,7 @@ HUGE_MB = 10**12
 
 
 def wait_until(predicate: Callable[[], Any], what: str, timeout_s: float = 60.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while not (value := predicate()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
-        time.sleep(0.2)
-    return value
+    return waiting.wait_until(predicate, timeout=timeout_s, what=what, poll=0.2)
 
 
 @dataclass
@@ -118,9 +115,8 @@ class ElasticJob:
     slurm_job: str
     coordinator: CoordinatorThread
 
-    def drains(self, source: str) -> list[dict[str, Any]]:
-        events = self.coordinator.coordinator.events.all()
-        return [e for e in events if e["event"] == "drain_requested" and e["source"] == source]
+    def drains(self, source: str) -> list[DrainRequested]:
+        return [e for e in of_kind(self.coordinator.coordinator.events.all(), DrainRequested) if e.source == source]
 
 
 @pytest.fixture
@@ -185,8 +181,8 @@ def test_a_shrink_is_reported_by_the_epilog_of_each_released_node(
     job = elastic_job("-N4", "--wrap", "srun --no-kill --ntasks-per-node=1 sleep 300")
     hooks.cluster.slurm("scontrol", "update", f"JobId={job.slurm_job}", "NumNodes=2")
     drains = wait_until(lambda: len(d := job.drains("epilog")) >= 2 and d, "the epilogs of n3 and n4")
-    assert sorted(n for d in drains for n in d["nodes"]) == ["n3", "n4"]
-    assert all(d["mode"] == "now" and "left running job" in d["reason"] for d in drains)
+    assert sorted(n for d in drains for n in d.nodes) == ["n3", "n4"]
+    assert all(d.mode == "now" and "left running job" in d.reason for d in drains)
     events = [e["event"] for e in job.coordinator.coordinator.events.all()]
     # Reported before any heartbeat timeout: the coordinator never had to notice the nodes by itself.
     assert "node_unresponsive" not in events and "hang_evicted" not in events
@@ -197,12 +193,12 @@ def test_scontrol_drain_and_fail_reach_the_job_once_each(hooks: Hooked, elastic_
     job = elastic_job("-N4", "--wrap", "srun --no-kill --ntasks-per-node=1 sleep 300")
     hooks.cluster.slurm("scontrol", "update", "NodeName=n3", "State=DRAIN", "Reason=pytest maintenance")
     (drain,) = wait_until(lambda: job.drains("healthcheck"), "the health check to report n3's drain")
-    assert (drain["nodes"], drain["mode"]) == (["n3"], "boundary")
-    assert "Slurm marks n3 DRAIN: pytest maintenance" in drain["reason"]
+    assert (drain.nodes, drain.mode) == (("n3",), "boundary")
+    assert "Slurm marks n3 DRAIN: pytest maintenance" in drain.reason
     hooks.cluster.slurm("scontrol", "update", "NodeName=n4", "State=FAIL", "Reason=pytest failing")
     wait_until(lambda: len(job.drains("healthcheck")) == 2, "the health check to report n4's failure")
     fail = job.drains("healthcheck")[1]
-    assert (fail["nodes"], fail["mode"]) == (["n4"], "now")
+    assert (fail.nodes, fail.mode) == (("n4",), "now")
     # More health check runs (every 2 s on every node, each watching): nothing is told twice.
     runs = len(hooks.log())
     time.sleep(5)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -39,8 +38,8 @@ def worlds(job: ElasticSlurmJob) -> list[int]:
     return [e.world for e in job.of(MembershipChange)]
 
 
-def first_drain(job: ElasticSlurmJob, node: str) -> dict[str, Any]:
-    return next(e for e in job.events("drain_requested") if node in e["nodes"])
+def first_drain(job: ElasticSlurmJob, node: str) -> DrainRequested:
+    return next(e for e in job.of(DrainRequested) if node in e.nodes)
 
 
 def test_admin_drain_leaves_at_the_next_step_boundary_with_nothing_lost(
@@ -51,7 +50,7 @@ def test_admin_drain_leaves_at_the_next_step_boundary_with_nothing_lost(
     hooks.cluster.slurm("scontrol", "update", "NodeName=n3", "State=DRAIN", "Reason=pytest maintenance")
     training.wait("n3 to leave", lambda: worlds(training)[-1:] == [3], timeout=60)
     drain = first_drain(training, "n3")
-    assert (drain["source"], drain["mode"]) == ("healthcheck", "boundary")
+    assert (drain.source, drain.mode) == ("healthcheck", "boundary")
     change = training.of(MembershipChange)[-1]
     assert change.cause == "drain" and change.boundary_step is not None
     assert not training.of(Recovered)  # no step aborted or re-run
@@ -63,7 +62,7 @@ def test_admin_fail_leaves_at_once(hooks: Hooked, training: ElasticSlurmJob, tmp
     hooks.cluster.slurm("scontrol", "update", "NodeName=n3", "State=FAIL", "Reason=pytest failing")
     training.wait("n3 to leave", lambda: worlds(training)[-1:] == [3], timeout=60)
     drain = first_drain(training, "n3")
-    assert (drain["source"], drain["mode"]) == ("healthcheck", "now")
+    assert (drain.source, drain.mode) == ("healthcheck", "now")
     change = training.of(MembershipChange)[-1]
     assert change.boundary_step is None  # abrupt: the step in flight is aborted and run again by 3 nodes
     training.wait_finished()
@@ -82,7 +81,8 @@ def test_shrink_is_reported_by_the_epilog_before_any_heartbeat_timeout(
     training.wait("the epilog's report", lambda: bool(by_epilog()))
     events = training.events()
     reported = next(i for i, e in enumerate(events) if e["event"] == "drain_requested" and e["source"] == "epilog")
-    assert events[reported]["nodes"] == [released] and events[reported]["mode"] == "now"
+    report = DrainRequested.from_event(events[reported])
+    assert report.nodes == (released,) and report.mode == "now"
     timeouts = [i for i, e in enumerate(events) if e["event"] in ("node_unresponsive", "hang_evicted")]
     assert all(i > reported for i in timeouts), "a heartbeat timeout fired before the epilog's report"
     training.wait_finished()

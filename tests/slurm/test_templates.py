@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_elastic.eventtypes import MembershipChange
+from slurm_elastic.eventtypes import MembershipChange, SlurmJobStarted
 from slurm_elastic.testing.devcluster import LocalCluster
 
 from .elastic_jobs import reference_model, submit_core
@@ -36,8 +36,8 @@ def test_hetjob_runs_one_agent_on_every_node_of_every_component(slurm_cluster: L
     job = submit_core(tmp_path / "het", nodes=None, steps=20, pause=0.1, template=TEMPLATES / "elastic_hetjob.sbatch")
     try:
         job.wait_finished(timeout=240)
-        started = job.events("slurm_job_started")[0]
-        assert len(started["nodes"]) == 3  # 2 nodes in component 0, 1 in component 1
+        started = job.of(SlurmJobStarted)[0]
+        assert len(started.nodes) == 3  # 2 nodes in component 0, 1 in component 1
         assert job.of(MembershipChange)[0].world == 3
         job.assert_same_training(reference_model(tmp_path.parent, 20))
     finally:

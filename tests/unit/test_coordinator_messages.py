@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import struct
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -12,6 +12,7 @@ import pytest
 from slurm_elastic.coordinator import CoordinatorThread
 from slurm_elastic.coordinator.config import CoordinatorConfig
 from slurm_elastic.eventtypes import ControlLoopFailed, GenerationReady, JobFinished, of_kind
+from slurm_elastic.waiting import wait_until
 from slurm_elastic.wire.channel import Channel, connect, new_secret
 from slurm_elastic.wire.messages import Committed, Heartbeat, Register, Registered, WorkerEvent
 
@@ -39,11 +40,8 @@ def dropped(coordinator: CoordinatorThread) -> list[dict[str, object]]:
     return [e for e in coordinator.coordinator.events.all() if e["event"] == "message_dropped"]
 
 
-def wait_for(predicate: object, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():  # type: ignore[operator]
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
+def wait_for(predicate: Callable[[], object], timeout: float = 10.0) -> None:
+    wait_until(predicate, timeout=timeout, what="the coordinator", poll=0.01)
 
 
 @pytest.mark.parametrize(

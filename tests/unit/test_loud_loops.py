@@ -24,8 +24,10 @@ from slurm_elastic.config import JobConfig
 from slurm_elastic.coordinator import CoordinatorThread
 from slurm_elastic.coordinator.config import CoordinatorConfig
 from slurm_elastic.decide.worker import EXIT_JOB_FAILED
+from slurm_elastic.eventtypes import ControlLoopFailed, E, WorkerExited, of_kind
 from slurm_elastic.launch.slurm import SlurmLaunch
 from slurm_elastic.testing.fakeslurm import FakeSlurm
+from slurm_elastic.waiting import holds_within
 from slurm_elastic.wire import messages as msg
 from slurm_elastic.wire.channel import Channel, connect, new_secret
 from slurm_elastic.worker.membership.comm import Interrupt
@@ -68,17 +70,12 @@ def next_stop(channel: Channel, timeout: float = 10) -> msg.Stop:
     raise AssertionError("no Stop came")
 
 
-def events_of(thread: CoordinatorThread, kind: str) -> list[dict[str, Any]]:
-    return [e for e in thread.coordinator.events.all() if e["event"] == kind]
+def events_of(thread: CoordinatorThread, kind: type[E]) -> list[E]:
+    return of_kind(thread.coordinator.events.all(), kind)
 
 
 def wait_for(check: Any, timeout: float = 15) -> bool:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
+    return holds_within(check, timeout=timeout)
 
 
 # --- the coordinator -------------------------------------------------------------------------------
@@ -96,8 +93,8 @@ def test_a_ticker_that_dies_fails_the_job_and_stops_everyone_with_the_reason(coo
     assert view.phase == "failed"
     assert "the coordinator's ticker died: RuntimeError: boom" in view.reason
     assert stop.error is not None and "RuntimeError: boom" in stop.error
-    [died] = events_of(coordinator, "control_loop_failed")
-    assert died["loop"] == "ticker" and "boom" in died["reason"]
+    [died] = events_of(coordinator, ControlLoopFailed)
+    assert died.loop == "ticker" and "boom" in died.reason
 
 
 def test_a_connection_task_that_dies_is_on_record_and_the_job_goes_on(
@@ -110,11 +107,11 @@ def test_a_connection_task_that_dies_is_on_record_and_the_job_goes_on(
     channel = connect(coordinator.address, secret=SECRET, job_id="j", role="agent")
     try:
         channel.send(msg.RegisterNode(node="n1", host="h", nproc=1, pid=os.getpid()))
-        assert wait_for(lambda: events_of(coordinator, "control_loop_failed"))
+        assert wait_for(lambda: events_of(coordinator, ControlLoopFailed))
     finally:
         channel.close()
-    [died] = events_of(coordinator, "control_loop_failed")
-    assert died["loop"] == "connection" and "RuntimeError: boom" in died["reason"]
+    [died] = events_of(coordinator, ControlLoopFailed)
+    assert died.loop == "connection" and "RuntimeError: boom" in died.reason
     assert coordinator.view().phase == "rendezvous", "one peer's connection does not stop the job"
     monkeypatch.undo()
     register_agent(coordinator.address, "n2").close()  # the coordinator still serves the others
@@ -122,7 +119,7 @@ def test_a_connection_task_that_dies_is_on_record_and_the_job_goes_on(
 
 def test_a_cancelled_ticker_is_a_shutdown_not_a_death(coordinator: CoordinatorThread) -> None:
     coordinator.stop()
-    assert events_of(coordinator, "control_loop_failed") == [] and coordinator.view().phase == "rendezvous"
+    assert events_of(coordinator, ControlLoopFailed) == [] and coordinator.view().phase == "rendezvous"
 
 
 def test_a_slurm_launchers_watch_loop_that_breaks_fails_the_job_with_the_reason(
@@ -181,10 +178,10 @@ def test_an_agent_whose_thread_dies_ends_its_workers_exits_failed_and_says_why(
     assert "agent_failed" in stderr and "se-agent-heartbeat thread died: RuntimeError: boom" in stderr
     leftovers = subprocess.run(["pgrep", "-s", str(proc.pid)], capture_output=True, text=True).stdout.split()
     assert leftovers == [], "its worker ended with it"
-    assert wait_for(lambda: events_of(coordinator, "control_loop_failed") and events_of(coordinator, "worker_exited"))
-    [died] = events_of(coordinator, "control_loop_failed")
-    assert died["node"] == "n1" and "RuntimeError: boom" in died["reason"]
-    assert [e["will_restart"] for e in events_of(coordinator, "worker_exited")] == [False], "ended, not restarted"
+    assert wait_for(lambda: events_of(coordinator, ControlLoopFailed) and events_of(coordinator, WorkerExited))
+    [died] = events_of(coordinator, ControlLoopFailed)
+    assert died.node == "n1" and "RuntimeError: boom" in died.reason
+    assert [e.will_restart for e in events_of(coordinator, WorkerExited)] == [False], "ended, not restarted"
 
 
 # --- the worker ------------------------------------------------------------------------------------
@@ -202,11 +199,11 @@ def test_a_worker_whose_control_thread_dies_says_why_and_is_woken_to_leave(
         assert wait_for(interrupt.is_set, 10), "the training thread is woken, not left to a lease expiry"
         with pytest.raises(ControlFailed, match="RuntimeError: boom"):
             client.next_announcement(0, timeout=5)
-        assert wait_for(lambda: events_of(coordinator, "control_loop_failed"))
+        assert wait_for(lambda: events_of(coordinator, ControlLoopFailed))
     finally:
         client.close()
-    [died] = events_of(coordinator, "control_loop_failed")
-    assert died["worker"] == "n1:0:0" and "RuntimeError: boom" in died["reason"]
+    [died] = events_of(coordinator, ControlLoopFailed)
+    assert died.worker == "n1:0:0" and "RuntimeError: boom" in died.reason
 
 
 def test_a_failed_control_connection_ends_the_worker_as_a_crash() -> None:

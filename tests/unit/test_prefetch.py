@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+from slurm_elastic.waiting import wait_until
 from slurm_elastic.worker.input.prefetch import Key, Prefetcher
 
 
@@ -38,11 +39,8 @@ def schedule(first: int, size: int = 4) -> Iterator[Key]:
         start += size
 
 
-def wait_for(predicate: object, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():  # type: ignore[operator]
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.005)
+def wait_for(predicate: Callable[[], object], timeout: float = 5.0) -> None:
+    wait_until(predicate, timeout=timeout, what="the prefetcher", poll=0.005)
 
 
 def test_reads_ahead_up_to_its_depth_on_its_own_thread() -> None:
