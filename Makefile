@@ -30,12 +30,11 @@ typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
 # Everything: static checks, then the whole suite with the local Slurm cluster up (brought down even when
-# a test fails), with the twelve slowest tests at the end. The Slurm tests fail rather than skip when the
-# cluster is required but unreachable.
+# a test fails). The Slurm tests fail rather than skip when the cluster is required but unreachable.
 test: lint typecheck
 	$(CLUSTER) up
 	set -o pipefail; rc=0; \
-	  SLURM_ELASTIC_REQUIRE_SLURM=1 $(PY) -m pytest -q -p no:cacheprovider --durations=12 $(PYTEST_ARGS) || rc=$$?; \
+	  SLURM_ELASTIC_REQUIRE_SLURM=1 $(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS) || rc=$$?; \
 	  $(CLUSTER) down || true; exit $$rc
 
 unit: $(STAMP)
