@@ -20,7 +20,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from slurm_elastic.coordinator.config import CoordinatorConfig
-from slurm_elastic.coordinator.records import Peer, PublicView, throughput
+from slurm_elastic.coordinator.peers import Peer, PublicView, throughput
 from slurm_elastic.coordinator.refusals import RefusalSummary
 from slurm_elastic.decide import membership as m
 from slurm_elastic.decide.failures import ExitRecord, identical_failure_verdict, never_joined_verdict, record_failure

@@ -8,7 +8,7 @@ import threading
 from typing import Any
 
 from slurm_elastic.coordinator.config import CoordinatorConfig
-from slurm_elastic.coordinator.records import PublicView
+from slurm_elastic.coordinator.peers import PublicView
 from slurm_elastic.coordinator.server import Coordinator
 from slurm_elastic.wire import messages as msg
 

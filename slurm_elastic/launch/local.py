@@ -21,7 +21,7 @@ from slurm_elastic.agentspec import agent_launch
 from slurm_elastic.config import JobConfig, training_env
 from slurm_elastic.coordinator import CoordinatorThread
 from slurm_elastic.coordinator.config import coordinator_config
-from slurm_elastic.coordinator.records import PublicView
+from slurm_elastic.coordinator.peers import PublicView
 from slurm_elastic.errors import ElasticError
 from slurm_elastic.faults import FaultPlan
 from slurm_elastic.jobdir import JobHandle, LaunchInfo, job_dir, make_job_dir, new_local_job_id

@@ -15,7 +15,7 @@ import binascii
 import itertools
 
 from slurm_elastic.errors import ProtocolError
-from slurm_elastic.rendezvous.state import Blocked, Call, Done, Failed, KeyValueState, Limits, Outcome
+from slurm_elastic.rendezvous.keyspace import Blocked, Call, Done, Failed, KeyValueState, Limits, Outcome
 from slurm_elastic.wire.channel import read_message, write_message
 from slurm_elastic.wire.messages import StoreReply, StoreRequest
 

@@ -12,7 +12,6 @@ import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from slurm_elastic.decide.layout import plan_layout
 from slurm_elastic.decide.reshard import (
     Holding,
     Need,
@@ -22,6 +21,7 @@ from slurm_elastic.decide.reshard import (
     plan_reshard,
     shard_rows,
 )
+from slurm_elastic.decide.shardlayout import plan_layout
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -18,8 +18,8 @@ import torch
 from torch import nn
 from torch.distributed.fsdp import fully_shard
 
-from slurm_elastic.decide.layout import plan_layout
 from slurm_elastic.decide.reshard import shard_rows
+from slurm_elastic.decide.shardlayout import plan_layout
 from slurm_elastic.errors import ConfigError
 from slurm_elastic.eventtypes import E, GenerationReady, JobFailed, StateLost, of_kind
 from slurm_elastic.faults import FaultPlan

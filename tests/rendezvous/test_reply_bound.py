@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from slurm_elastic.coordinator import CoordinatorConfig, CoordinatorThread
 from slurm_elastic.rendezvous import service
 from slurm_elastic.rendezvous.client import CoordinatorStore
-from slurm_elastic.rendezvous.state import Call, Done, Failed, KeyValueState, Limits, reply_frame_bytes
+from slurm_elastic.rendezvous.keyspace import Call, Done, Failed, KeyValueState, Limits, reply_frame_bytes
 from slurm_elastic.wire import channel as ch
 from slurm_elastic.wire import messages as msg
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from slurm_elastic.config import JobConfig
-from slurm_elastic.coordinator.records import PublicView
+from slurm_elastic.coordinator.peers import PublicView
 from slurm_elastic.launch.local import LocalJob
 from slurm_elastic.showcase.metrics import median, recovery_after
 from slurm_elastic.showcase.workload import corpus, train_command

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from slurm_elastic.decide.layout import Layout
+from slurm_elastic.decide.shardlayout import Layout
 from slurm_elastic.errors import ConfigError
 from slurm_elastic.worker.checkpoints import userstate
 from slurm_elastic.worker.checkpoints.state import from_json, to_json

@@ -86,7 +86,7 @@ def placeholder_mesh(device_type: str = "cpu", *, shard_group: int | None = None
 
     `shard_group=S` asks for HSDP, where a plain script would pass a 2-D (replicate, shard) mesh: each
     generation shards the model over groups of S ranks (or the next size that divides the world) and
-    replicates it across them (`decide.layout`)."""
+    replicates it across them (`decide.shardlayout`)."""
     whole = isinstance(shard_group, int) and not isinstance(shard_group, bool)
     if shard_group is not None and not (whole and shard_group >= 1):
         raise ConfigError(f"invalid shard_group {shard_group!r}: expected a whole number of ranks >= 1")

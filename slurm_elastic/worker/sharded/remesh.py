@@ -7,7 +7,7 @@ its new local rows, received from peers, are installed in a fresh padded buffer.
 parameters and its sharded state (AdamW's moments) are re-pointed to the new DTensors.
 
 What the model is as the user wrote it (which modules are FSDP units, mixed precision, resharding after
-forward) is kept. Limits: a 1-D mesh (HSDP's replica groups are the library's, see `decide.layout`),
+forward) is kept. Limits: a 1-D mesh (HSDP's replica groups are the library's, see `decide.shardlayout`),
 `reshard_after_forward` True or False (not an int), no CPU offload, dim-0 sharding (no
 `shard_placement_fn`); `entries` refuses anything else by name.
 """

@@ -7,7 +7,7 @@ reduce-scatters are collectives: a rank with fewer micro-batches than its peers 
 weight zero (`decide.batching.lockstep`). After the last backward:
 
 1. each rank sends its gradient shard to the rank mirroring it, and receives its ward's ("prepared");
-   with HSDP replica groups (`decide.layout`) it instead sums its gradient shard over the ranks that hold
+   with HSDP replica groups (`decide.shardlayout`) it instead sums its gradient shard over the ranks that hold
    the same shard (FSDP2's reduce-scatter ran inside its shard group);
 2. one small sum over the ranks: the step's loss, the "membership change wanted" flag, the number of
    clean ranks and the squared gradient norm (for clipping);

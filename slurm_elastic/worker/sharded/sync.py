@@ -24,8 +24,8 @@ import torch
 from torch.distributed.fsdp._fully_shard._fsdp_common import FSDPMeshInfo
 
 from slurm_elastic.decide.heal import HealPlan, ShardReport, plan_heal
-from slurm_elastic.decide.layout import Layout, plan_layout
 from slurm_elastic.decide.reshard import Holding, Need, ReshardPlan, plan_reshard, shard_rows
+from slurm_elastic.decide.shardlayout import Layout, plan_layout
 from slurm_elastic.errors import ElasticError, StateLost
 from slurm_elastic.logs import get_logger
 from slurm_elastic.worker.checkpoints.ckptfiles import CheckpointError

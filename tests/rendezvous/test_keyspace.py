@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from slurm_elastic.rendezvous.state import SHARED, Blocked, Call, Done, Failed, KeyValueState, Limits
+from slurm_elastic.rendezvous.keyspace import SHARED, Blocked, Call, Done, Failed, KeyValueState, Limits
 
 pytestmark = pytest.mark.timeout(60)
 

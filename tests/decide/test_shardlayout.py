@@ -8,8 +8,8 @@ from collections import Counter
 
 import pytest
 
-from slurm_elastic.decide.layout import Layout, plan_layout, shard_group_size
 from slurm_elastic.decide.reshard import mirrors
+from slurm_elastic.decide.shardlayout import Layout, plan_layout, shard_group_size
 
 pytestmark = pytest.mark.timeout(120)
 
