@@ -11,6 +11,7 @@ own write failures.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -39,6 +40,10 @@ class Event:
             if f.name != "time"
         }
 
+    def summary(self) -> str:
+        """One line for a person (`slurm-elastic status`); by default the scalar fields as name=value."""
+        return _scalars(self.fields())
+
     @classmethod
     def from_event(cls: type[E], record: Mapping[str, Any]) -> E:
         """From one record (a line of events.jsonl, or one kept in memory); fields it does not name are
@@ -51,6 +56,10 @@ class Event:
             elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
                 raise EventFormatError(f"a {cls.KIND} event without {f.name!r}: {dict(record)}"[:500])
         return cls(**given)
+
+
+def _scalars(fields: Mapping[str, Any]) -> str:
+    return " ".join(f"{k}={v}" for k, v in fields.items() if v is not None and not isinstance(v, list | tuple | dict))
 
 
 def of_kind(records: Iterable[Mapping[str, Any]], kind: type[E]) -> list[E]:
@@ -94,6 +103,12 @@ class MembershipChange(Event):
     boundary_step: int | None  # the step a graceful change waited for (None: an abrupt one)
     trigger: str  # the reducer's event that caused it
 
+    def summary(self) -> str:
+        moved = "".join(
+            f"; {what} {', '.join(who)}" for what, who in (("left", self.left), ("joined", self.joined)) if who
+        )
+        return f"generation {self.generation}: world {self.world_before} -> {self.world} ({self.cause}){moved}"
+
 
 @dataclass(frozen=True)
 class GenerationReady(Event):
@@ -122,6 +137,12 @@ class GenerationReady(Event):
     shard_group: int | None = None  # sharded: ranks per shard group (HSDP)
     replica_groups: int | None = None  # sharded: shard groups
 
+    def summary(self) -> str:
+        return (
+            f"generation {self.generation} in sync after {self.total_s:.3f} s: world {self.world}, from step "
+            f"{self.resume_step}, {self.lost_committed_steps} committed steps lost; {self.transfer}"
+        )
+
 
 @dataclass(frozen=True)
 class Recovered(Event):
@@ -132,6 +153,11 @@ class Recovered(Event):
     step: int
     detect_to_commit_s: float
     last_step_before: int
+
+    def summary(self) -> str:
+        return (
+            f"generation {self.generation} committed step {self.step} {self.detect_to_commit_s:.3f} s after the fault"
+        )
 
 
 @dataclass(frozen=True)
@@ -180,6 +206,9 @@ class NodeLost(Event):
     node: str
     workers: tuple[str, ...]
 
+    def summary(self) -> str:
+        return f"{self.node} lost, with {', '.join(self.workers) or 'no worker'}"
+
 
 @dataclass(frozen=True)
 class DrainRequested(Event):
@@ -188,6 +217,9 @@ class DrainRequested(Event):
     mode: str
     reason: str
     source: str
+
+    def summary(self) -> str:
+        return f"{', '.join(self.nodes)} to leave ({self.mode}, from the {self.source}): {self.reason}"
 
 
 @dataclass(frozen=True)
@@ -362,6 +394,18 @@ CATALOGUE: tuple[type[Event], ...] = (
     ControlLoopFailed,
 )  # fmt: skip
 CATALOGUED_KINDS = frozenset(kind.KIND for kind in CATALOGUE)
+_BY_KIND = {kind.KIND: kind for kind in CATALOGUE}
+
+
+def summarize(record: Mapping[str, Any]) -> str:
+    """One line for a person of any record: a catalogued kind through its type's summary; a plain record,
+    or one its writer got wrong, as its scalar fields."""
+    kind = _BY_KIND.get(str(record.get("event")))
+    if kind is not None:
+        with contextlib.suppress(EventFormatError, TypeError, ValueError):
+            return kind.from_event(record).summary()
+    return _scalars({k: v for k, v in record.items() if k not in ("event", "job", "time")})
+
 
 __all__ = [
     "CATALOGUE",
@@ -398,4 +442,5 @@ __all__ = [
     "WorkerExited",
     "WorkerRegistered",
     "of_kind",
+    "summarize",
 ]

@@ -12,6 +12,7 @@ import time
 
 from slurm_elastic.commands.common import fail
 from slurm_elastic.errors import ElasticError, SlurmError
+from slurm_elastic.eventtypes import summarize
 from slurm_elastic.jobdir import JobHandle, find_job, job_dir
 from slurm_elastic.sanitize import printable
 from slurm_elastic.waiting import holds_within
@@ -75,11 +76,9 @@ def render_status(s: msg.StatusReply) -> str:
     if s.draining:
         lines.append(f"draining at the next step boundary: {', '.join(s.draining)}")
     lines.append("last events:")
-    skip = {"event", "job", "time"}
     for e in s.events[-10:]:
         when = time.strftime("%H:%M:%S", time.localtime(e["time"]))
-        detail = " ".join(f"{k}={v}" for k, v in e.items() if k not in skip and not isinstance(v, list | dict))
-        lines.append(printable(f"  {when} {e['event']} {detail}")[:160])
+        lines.append(printable(f"  {when} {e['event']} {summarize(e)}")[:160])
     return "\n".join(printable(line) for line in lines)
 
 

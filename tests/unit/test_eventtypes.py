@@ -47,6 +47,7 @@ from slurm_elastic.eventtypes import (
     WorkerExited,
     WorkerRegistered,
     of_kind,
+    summarize,
 )
 
 SAMPLES: list[Event] = [
@@ -205,3 +206,27 @@ def test_what_a_worker_reports_of_a_generation_is_all_in_the_type() -> None:
     known = {f.name for f in dataclasses.fields(GenerationReady)}
     for message in sent:
         assert set(message.fields) <= known, set(message.fields) - known
+
+
+@pytest.mark.parametrize("event", SAMPLES, ids=lambda e: type(e).__name__)
+def test_every_kind_tells_a_person_what_happened_in_one_line(event: Event) -> None:
+    record = {"event": event.KIND, "job": "j", "time": 1.0, **event.fields()}
+    line = summarize(record)
+    assert line == event.summary() and line.strip() and "\n" not in line
+
+
+def test_the_changes_a_person_follows_read_as_sentences() -> None:
+    change = {"event": "membership_change", "time": 1.0, **SAMPLES[1].fields()}
+    assert summarize(change) == "generation 2: world 4 -> 3 (lost local1); left local1:0"
+    drain = DrainRequested(("n3", "n4"), "now", "n3 left running job 55", "epilog")
+    assert drain.summary() == "n3, n4 to leave (now, from the epilog): n3 left running job 55"
+    assert NodeLost("n2", ()).summary() == "n2 lost, with no worker"
+
+
+def test_a_plain_or_broken_record_is_shown_as_its_scalar_fields() -> None:
+    plain = {"event": "shard_refused", "job": "j", "time": 1.0, "detail": "digest", "ranks": [1, 2], "step": None}
+    assert summarize(plain) == "detail=digest"
+    short = {"event": "membership_change", "job": "j", "time": 1.0, "generation": 3, "cause": "join"}
+    assert summarize(short) == "generation=3 cause=join"  # a field missing: not the type's sentence
+    wrong = {"event": "recovered", "generation": 1, "step": 2, "detect_to_commit_s": "soon", "last_step_before": 1}
+    assert summarize(wrong) == "generation=1 step=2 detect_to_commit_s=soon last_step_before=1"

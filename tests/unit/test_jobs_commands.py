@@ -53,7 +53,17 @@ def test_status_names_the_generation_members_and_satellites() -> None:
     assert "job 10: running, generation 3, world 2, step 42, loss 1.5000, 100.0 samples/s" in text
     assert "n2 (slurm job 11)" in text
     assert "rank 1   n2:0:0" in text
-    assert "membership_change generation=3 cause=join" in text
+    assert "membership_change generation=3 cause=join" in text  # a record short of its kind's fields
+
+
+def test_status_tells_a_membership_change_as_a_sentence() -> None:
+    change = {
+        "event": "membership_change", "job": "10", "time": 0.0, "generation": 4, "cause": "connection closed",
+        "world_before": 3, "world": 2, "ranks": ["n1:0:0", "n2:0:0"], "joined": [], "left": ["n3:0:0"],
+        "boundary_step": None, "trigger": "Lost",
+    }  # fmt: skip
+    text = render_status(status({"n1": "10", "n2": "10"}).model_copy(update={"events": [change]}))
+    assert "membership_change generation 4: world 3 -> 2 (connection closed); left n3:0:0" in text
 
 
 def node(name: str, state: str, flags: frozenset[str] = frozenset(), reason: str = "") -> NodeInfo:
