@@ -16,7 +16,8 @@ if compgen -G ".whl/*.whl" >/dev/null; then
     $py -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/se-site .whl/*.whl || exit 100
 fi
 hostid=$(mktemp -d)
-printf 'import os\nos.environ["NCCL_HOSTID"] = "se-host-%%d" %% os.getpid()\n' >"$hostid/sitecustomize.py"
+# (and every process prints its threads' stacks on SIGUSR1: how a hang shows where it is)
+printf 'import faulthandler, os, signal\nos.environ["NCCL_HOSTID"] = "se-host-%%d" %% os.getpid()\nfaulthandler.register(signal.SIGUSR1, all_threads=True)\n' >"$hostid/sitecustomize.py"
 export PYTHONPATH="$hostid:$PWD:/tmp/se-site" PYTHONUNBUFFERED=1
 export NCCL_SOCKET_IFNAME=lo NCCL_IB_DISABLE=1 NCCL_DEBUG=${NCCL_DEBUG:-WARN}
 
@@ -24,8 +25,14 @@ failed=0
 check() {  # check NAME SECONDS COMMAND...: its output in $out/NAME.log, its status and time on one line
     local name=$1 seconds=$2 begun=$SECONDS rc
     shift 2
-    timeout -k 10 "$seconds" "$@" >"$out/$name.log" 2>&1
+    timeout -k 10 "$seconds" "$@" >"$out/$name.log" 2>&1 &
+    local pid=$! dump
+    # Shortly before the limit, the training processes still running print their stacks (into their logs).
+    (sleep $((seconds - 15)) && pkill -USR1 -f 'examples/train_char_lm.py') &
+    dump=$!
+    wait "$pid"
     rc=$?
+    kill "$dump" 2>/dev/null
     echo "$name: rc=$rc in $((SECONDS - begun)) s" | tee -a "$out/summary.txt"
     [ "$rc" = 0 ] || failed=$((failed + 1))
 }
