@@ -2,7 +2,7 @@
 
 The coordinator and the Slurm launcher write these kinds only as their types (`EventLog.record`), and the
 demos, chaos, the benchmarks, `reclaim` and the tests read them back as the same types (`of_kind`,
-`EventsFile.of`), so a field is named once, here (`status` shows the latest records whatever their kind).
+`EventsFile.of`), so a field is named once, here; `status` tells each as its type's `summary` (`summarize`).
 In `events.jsonl` each is one JSON line, `{"event": kind, "job": .., "time": .., fields}`.
 Plain records remain for what has no fixed fields: the refused handshakes' summary (a count per category),
 the reports a worker forwards (`shard_refused`, `ledger_failed`, `checkpoint_failed`, ...) and the event log's
