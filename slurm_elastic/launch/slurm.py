@@ -44,6 +44,7 @@ from slurm_elastic.logs import configure_logging, get_logger
 from slurm_elastic.loops import died
 from slurm_elastic.sanitize import printable_lines
 from slurm_elastic.slurm import JobInfo, NodeInfo, SlurmBackend, get_backend, srun_argv
+from slurm_elastic.waiting import holds_within
 from slurm_elastic.wire.channel import new_secret
 
 log = get_logger("slurm_elastic.launch")
@@ -284,6 +285,12 @@ class SlurmLaunch:
                 failed.append(f"the agent of {marker.name} exited with {code}")
         return failed
 
+    def _agents_connected(self) -> bool:
+        coordinator = self.coordinator
+        if coordinator is None:
+            return True  # cannot tell: let the steps take their grace
+        return coordinator.call(lambda: bool(coordinator.coordinator.agents))
+
     def finish(self, phase: str) -> None:
         for step in self._retired:  # agents that are gone: their srun may wait for a dead node's tasks
             if step.poll() is None:
@@ -291,11 +298,15 @@ class SlurmLaunch:
         # Every live agent, the first srun's and the relaunched ones alike, may take the grace to end on its
         # own: after its loop a script may still run collectives over every rank (an FSDP2 model's
         # `full_tensor()`), and a rank stopped early fails the others.
+        # Once no agent is connected, what srun still waits for is Slurm's bookkeeping of a part of the step
+        # on a node a shrink took away: it can wait for that the whole grace, so it is ended then.
         relaunched = [step for step, _ in self._steps.values()]
-        deadline = time.monotonic() + self.config.drain_grace_s
-        for step in [*relaunched, *([self.srun] if self.srun is not None else [])]:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                step.wait(timeout=max(0.0, deadline - time.monotonic()))
+        steps = [*relaunched, *([self.srun] if self.srun is not None else [])]
+        holds_within(
+            lambda: all(step.poll() is not None for step in steps) or not self._agents_connected(),
+            timeout=self.config.drain_grace_s,
+            poll=0.2,
+        )
         for step in relaunched:
             if step.poll() is None:
                 step.terminate()

@@ -1,0 +1,55 @@
+"""The launcher's end inside an allocation: the agents' srun has the drain grace to end by itself while an agent
+is still connected (or nobody can tell), and is ended at once when none is: then all it waits for is Slurm's
+bookkeeping of a node a shrink took away. `srun` is a real process; the coordinator is the real one."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from slurm_elastic.config import JobConfig
+from slurm_elastic.coordinator import CoordinatorThread
+from slurm_elastic.coordinator.config import CoordinatorConfig
+from slurm_elastic.launch.slurm import SlurmLaunch
+from slurm_elastic.testing.fakeslurm import FakeSlurm
+from slurm_elastic.wire.channel import new_secret
+
+pytestmark = pytest.mark.timeout(120)
+GRACE_S = 90.0
+
+
+def _launch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, srun: list[str]) -> SlurmLaunch:
+    monkeypatch.setenv("SLURM_ELASTIC_HOME", str(tmp_path / "home"))
+    slurm = FakeSlurm("n[1-2]")
+    script = tmp_path / "job.sbatch"
+    script.write_text("#!/bin/sh\n")
+    job = slurm.submit(script, args=["--nodes=2"])
+    slurm.start_pending()
+    launch = SlurmLaunch(JobConfig(drain_grace_s=GRACE_S), ["train"], slurm, job)
+    launch.srun = subprocess.Popen(srun)
+    return launch
+
+
+def test_with_no_agent_connected_the_srun_left_waiting_is_ended_long_before_the_grace(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    launch = _launch(tmp_path, monkeypatch, ["sleep", "600"])
+    launch.coordinator = CoordinatorThread(
+        CoordinatorConfig(job_id="1", secret=new_secret(), expected_workers=2)
+    ).start()
+    started = time.monotonic()
+    launch.finish("finished")
+    assert launch.srun is not None and launch.srun.returncode == -signal.SIGTERM
+    assert time.monotonic() - started < GRACE_S / 3
+
+
+def test_where_nobody_can_tell_srun_takes_its_time_to_end_by_itself(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    launch = _launch(tmp_path, monkeypatch, ["sleep", "1.5"])  # agents still ending their workers
+    launch.finish("failed")
+    assert launch.srun is not None and launch.srun.returncode == 0
