@@ -13,7 +13,7 @@ from slurm_elastic.sanitize import printable_lines
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from slurm_elastic.commands import bench, chaos, demo, jobs, run
+    from slurm_elastic.commands import bench, chaos, demo, jobs, run, simulate
     from slurm_elastic.data import cli as data_cli
     from slurm_elastic.hooks import cli as hooks_cli
 
@@ -28,6 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_parser(sub)
     bench.add_parser(sub)
     chaos.add_parser(sub)
+    simulate.add_parser(sub)
     jobs.add_parsers(sub)
     hooks_cli.add_parser(sub)
     return parser

@@ -50,6 +50,7 @@ class ModeResult:
     mode: Mode
     mttr_s: list[float] = field(default_factory=list)
     lost_steps: list[int] = field(default_factory=list)
+    join_s: list[float] = field(default_factory=list)  # a replacement node started to it training in the job
     step_time_s: float | None = None
 
 
@@ -102,8 +103,10 @@ def measure(mode: Mode, plan: MttrPlan, data: Path, out: Path, log: Callable[[st
             killed_at = job.kill_node(victim)
             kills.append(killed_at)
             _wait(job, "recovery", lambda v, k=killed_at: recovery_after(k, v.commits).mttr_s is not None)  # type: ignore[misc]
+            added = time.monotonic()
             job.add_node()
             _wait(job, "the replacement node", lambda v: v.world == plan.nodes)
+            result.join_s.append(time.monotonic() - added)
             goal = job.view().last_step + plan.steps_between
             _wait(job, "steps after the join", lambda v, g=goal: v.last_step >= g)  # type: ignore[misc]
             rec = recovery_after(killed_at, job.view().commits)  # known for sure only now (a restart replays)
@@ -143,6 +146,8 @@ def run(plan: MttrPlan, log: Callable[[str], None]) -> dict[str, Any]:
         "elastic_mttr_s_median": round(e_med, 4) if e_med is not None else None,
         "baseline_mttr_s_median": round(b_med, 4) if b_med is not None else None,
         "ratio": round(e_med / b_med, 4) if e_med is not None and b_med else None,
+        "elastic_join_s": [round(x, 3) for x in elastic.join_s],
+        "elastic_join_s_median": round(median(elastic.join_s) or 0.0, 3),
         "lost_steps_elastic": sum(elastic.lost_steps),
         "lost_steps_baseline": sum(baseline.lost_steps),
         "lost_steps_elastic_per_kill": elastic.lost_steps,
