@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -12,18 +13,19 @@ from pydantic import ValidationError
 
 from slurm_elastic.commands.common import fail, print_result
 from slurm_elastic.errors import ConfigError
+from slurm_elastic.simulate import Measured, Scenario, report, simulate
+from slurm_elastic.simulate.plot import plot_goodput
 
 REPO_BENCH = Path(__file__).resolve().parents[2] / "docs" / "bench"
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from slurm_elastic.simulate import Scenario
-
     p = sub.add_parser("simulate", help="goodput at scale per recovery strategy (discrete-event)", description=__doc__)
     p.add_argument("--inputs", type=Path, default=REPO_BENCH, help="directory of the benchmarks' JSON files")
     p.add_argument("--seed", type=int, default=0, help="the first run's timeline (the same seed, the same run)")
     p.add_argument("--runs", type=int, default=10, help="runs with seeds seed.. seed+runs-1, averaged")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--plot", type=Path, default=None, help="also write goodput against GPUs (16 up to --gpus) here")
     group = p.add_argument_group("scenario")
     for name, field in Scenario.model_fields.items():
         help_text = (field.description + "; " if field.description else "") + f"default: {field.default}"
@@ -32,7 +34,6 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def run(args: argparse.Namespace) -> int:
-    from slurm_elastic.simulate import Scenario, report, simulate
     from slurm_elastic.simulate.inputs import read_measured
 
     if args.runs < 1:
@@ -53,8 +54,30 @@ def run(args: argparse.Namespace) -> int:
     result = report(scenario, measured, args.seed, runs[0])
     result["runs"] = args.runs
     result["strategies"] = {name: _mean([r[name].as_json() for r in runs]) for name in runs[0]}
+    if args.plot is not None:
+        sizes = _sizes(scenario)
+        result["by_gpus"] = {n: _goodput(scenario.model_copy(update={"gpus": n}), measured, args) for n in sizes}
+        title = f"{scenario.days:g} days, {scenario.failures_per_gpu_hour:.3g} failures per GPU-hour, {args.runs} runs"
+        try:
+            plot_goodput(args.plot, result["by_gpus"], ["slurm-elastic", *sys.argv[1:]], title)
+        except (ConfigError, OSError) as exc:
+            return fail(f"--plot {args.plot}: {exc}")
     print_result(result, args.json)
     return 0
+
+
+def _sizes(scenario: Scenario) -> list[int]:
+    """16 GPUs, then 4 times as many, up to and including the scenario's own size."""
+    sizes, n = [], max(16, scenario.gpus_per_node)
+    while n < scenario.gpus:
+        sizes.append(n - n % scenario.gpus_per_node)
+        n *= 4
+    return [*sizes, scenario.gpus]
+
+
+def _goodput(scenario: Scenario, measured: Measured, args: argparse.Namespace) -> dict[str, float]:
+    runs = [simulate(scenario, measured, seed) for seed in range(args.seed, args.seed + args.runs)]
+    return {name: round(statistics.fmean(r[name].goodput for r in runs), 5) for name in runs[0]}
 
 
 def _mean(rows: list[dict[str, Any]]) -> dict[str, Any]:

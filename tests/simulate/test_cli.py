@@ -64,3 +64,16 @@ def test_a_bad_scenario_is_one_line_naming_the_value(
     assert main(["simulate", "--inputs", str(_bench(tmp_path)), *flags]) == 2
     err = capsys.readouterr().err.strip()
     assert named in err and err.count("\n") == 0, err
+
+
+def test_plot_draws_goodput_against_gpus_from_16_up_to_the_scenarios_size(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    figure = tmp_path / "goodput.png"
+    argv = ["simulate", "--inputs", str(_bench(tmp_path)), "--gpus", "4096", "--runs", "2", "--plot", str(figure)]
+    assert main([*argv, "--json"]) == 0
+    by_gpus = json.loads(capsys.readouterr().out)["by_gpus"]
+    assert list(by_gpus) == ["16", "64", "256", "1024", "4096"]
+    restart = [by_gpus[n]["checkpoint_restart"] for n in by_gpus]
+    assert restart[-1] < restart[0]  # the job's failures grow with its size
+    assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and figure.stat().st_size < 200_000
