@@ -9,7 +9,7 @@ from slurm_elastic.commands.common import fail, print_result
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("bench", help="benchmarks (mttr, overhead, notify)", description=__doc__)
+    p = sub.add_parser("bench", help="benchmarks (mttr, overhead, rendezvous, notify)", description=__doc__)
     which = p.add_subparsers(dest="bench", required=True, metavar="BENCHMARK")
     mttr = which.add_parser("mttr", help="recovery time after a node's SIGKILL: elastic vs checkpoint-restart")
     mttr.add_argument("--json", action="store_true", help="print one JSON object")
@@ -31,6 +31,15 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="what to compare: replicas against DDP, FSDP2 shards against plain FSDP2, or both",
     )
     overhead.set_defaults(func=run_overhead)
+    rendezvous = which.add_parser(
+        "rendezvous", help="store operations and time to form a generation's group, against world size"
+    )
+    rendezvous.add_argument("--json", action="store_true", help="print one JSON object")
+    rendezvous.add_argument("--nccl-worlds", default="1024,4096,16384", help="simulated NCCL worlds to run")
+    rendezvous.add_argument("--gloo-worlds", default="32,64,128", help="simulated gloo worlds to run (N^2 ops)")
+    rendezvous.add_argument("--processes", type=int, default=4, help="processes that play the simulated ranks")
+    rendezvous.add_argument("--rounds", type=int, default=3, help="generations formed per world (median)")
+    rendezvous.set_defaults(func=run_rendezvous)
     from slurm_elastic.hooks import bench as notify
 
     notify.add_parser(which)
@@ -67,5 +76,25 @@ def run_overhead(args: argparse.Namespace) -> int:
     log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     plan = OverheadPlan(sizes=tuple(known[n] for n in names), repeats=args.repeats, modes=WORKLOADS[args.mode])
     result = run(plan, log)
+    print_result(result, args.json)
+    return 0
+
+
+def run_rendezvous(args: argparse.Namespace) -> int:
+    from slurm_elastic.showcase.bench.rendezvous import RendezvousPlan, run
+
+    worlds: dict[str, tuple[int, ...]] = {}
+    for flag in ("nccl_worlds", "gloo_worlds"):
+        text = getattr(args, flag)
+        try:
+            worlds[flag] = tuple(int(w) for w in text.split(","))
+        except ValueError:
+            worlds[flag] = ()
+        if not worlds[flag] or min(worlds[flag]) < 2 or max(worlds[flag]) > 16384:
+            return fail(f"--{flag.replace('_', '-')} {text}: give comma-separated world sizes from 2 to 16384")
+    if args.processes < 1 or args.rounds < 1:
+        return fail(f"--processes {args.processes} --rounds {args.rounds}: need at least 1 of each")
+    plan = RendezvousPlan(worlds["nccl_worlds"], worlds["gloo_worlds"], processes=args.processes, rounds=args.rounds)
+    result = run(plan, lambda line: print(line, file=sys.stderr, flush=True))
     print_result(result, args.json)
     return 0

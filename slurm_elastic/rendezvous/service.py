@@ -13,6 +13,7 @@ import asyncio
 import base64
 import binascii
 import itertools
+from collections import Counter
 
 from slurm_elastic.errors import ProtocolError
 from slurm_elastic.rendezvous.keyspace import Blocked, Call, Done, Failed, KeyValueState, Limits, Outcome
@@ -56,6 +57,7 @@ class StoreService:
         self._waiting: dict[str, set[_Parked]] = {}  # a missing key -> the calls parked on it
         self._seq = itertools.count()
         self._connections: set[_Connection] = set()
+        self.served: Counter[str] = Counter()  # requests by op, since the start: what forming groups costs
 
     @property
     def parked(self) -> int:
@@ -92,6 +94,7 @@ class StoreService:
     # --- effects of one call ----------------------------------------------------------------------------
 
     def _request(self, conn: _Connection, request: StoreRequest) -> None:
+        self.served[request.op] += 1
         try:
             call = Call(request.op, tuple(request.keys), tuple(decode_value(v) for v in request.values), request.amount)
         except ProtocolError as exc:

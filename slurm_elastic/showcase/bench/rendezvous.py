@@ -1,0 +1,197 @@
+"""`slurm-elastic bench rendezvous`: what forming a generation's process group costs the coordinator's store,
+against world size.
+
+Every generation forms new groups through the store. Two patterns, both measured:
+
+- Operations per generation, of torch's own gloo group: real `ProcessGroupGloo`s, as ranks in threads,
+  formed through a real coordinator's store at small worlds, counted by the store. A rank publishes its
+  address, then waits for and reads every rank's (N + 2 N^2 in all). NCCL needs one unique id: rank 0
+  publishes it and every other rank reads it (torch's ProcessGroupNCCL: N in all; counted here from its
+  documented pattern, there being no GPU).
+- Time, at scale: simulated ranks (`slurm_elastic.testing.swarm`: thousands of authenticated store
+  connections from a few processes) run each pattern against one real coordinator. `form_s` runs from the
+  first request to the last reply, as the ranks see it; `store_cpu_s` is the coordinator thread's CPU time
+  in it. Worlds too large to run (gloo's N^2) are projected from the largest measured one's operations per
+  second, and say `measured: false`.
+"""
+
+from __future__ import annotations
+
+import collections
+import datetime
+import itertools
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch.distributed as dist
+
+from slurm_elastic.coordinator import CoordinatorThread
+from slurm_elastic.coordinator.config import CoordinatorConfig
+from slurm_elastic.coordinator.server import STORE_PREFIX
+from slurm_elastic.errors import ElasticError
+from slurm_elastic.rendezvous.client import CoordinatorStore
+from slurm_elastic.wire.channel import new_secret
+
+__all__ = ["RendezvousPlan", "gloo_store_ops", "run"]
+
+JOB = "bench-rendezvous"
+PROJECTED = (1024, 4096, 16384)
+
+
+@dataclass(frozen=True)
+class RendezvousPlan:
+    nccl_worlds: tuple[int, ...] = (1024, 4096, 16384)
+    gloo_worlds: tuple[int, ...] = (32, 64, 128)
+    counted_worlds: tuple[int, ...] = (2, 4, 8)  # real gloo groups, ranks as threads
+    processes: int = 4  # that play the simulated ranks
+    rounds: int = 3  # generations formed per world; the median is reported
+
+
+def gloo_store_ops(worlds: tuple[int, ...]) -> dict[int, dict[str, int]]:
+    """Store operations by kind that forming one real gloo group of each world size costs."""
+    return {world: _count_gloo(world) for world in worlds}
+
+
+def _count_gloo(world: int) -> dict[str, int]:
+    secret = new_secret()
+    coordinator = CoordinatorThread(CoordinatorConfig(job_id=JOB, secret=secret, expected_workers=world)).start()
+    stores = [CoordinatorStore(coordinator.address, secret, JOB, 60.0) for _ in range(world)]
+    groups: list[Any] = [None] * world
+    errors: list[BaseException] = []
+
+    def form(rank: int) -> None:
+        try:
+            scoped = dist.PrefixStore(f"{STORE_PREFIX}/g1", stores[rank])
+            groups[rank] = dist.ProcessGroupGloo(scoped, rank, world, datetime.timedelta(seconds=60))
+        except BaseException as exc:  # reported below, with the world it failed in
+            errors.append(exc)
+
+    served = lambda: collections.Counter(coordinator.coordinator.store.served)  # noqa: E731
+    try:
+        before = coordinator.call(served)
+        threads = [threading.Thread(target=form, args=(rank,)) for rank in range(world)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        if errors or any(g is None for g in groups):
+            raise ElasticError(f"bench rendezvous: a gloo group of {world} did not form: {errors[:1]}")
+        return dict(coordinator.call(served) - before)
+    finally:
+        for store in stores:
+            store.close()
+        coordinator.stop()
+
+
+class _Swarm:
+    """`processes` swarm processes playing `world` ranks of one pattern against `coordinator`."""
+
+    def __init__(self, coordinator: CoordinatorThread, secret: str, pattern: str, world: int, plan: RendezvousPlan):
+        self.coordinator = coordinator
+        env = {**os.environ, "SLURM_ELASTIC_SECRET": secret}
+        parts = min(plan.processes, world)
+        bounds = [world * i // parts for i in range(parts + 1)]
+        argv = [sys.executable, "-m", "slurm_elastic.testing.swarm", "--address", coordinator.address,
+                "--job", JOB, "--world", str(world), "--pattern", pattern, "--rounds", str(plan.rounds),
+                "--prefix", STORE_PREFIX]  # fmt: skip
+        self.procs = [
+            subprocess.Popen(
+                [*argv, "--ranks", f"{a}:{b}"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True
+            )
+            for a, b in itertools.pairwise(bounds)
+        ]
+        for proc in self.procs:
+            self._line(proc)  # {"ready": n}: every connection made and authenticated
+
+    @staticmethod
+    def _line(proc: subprocess.Popen[str]) -> dict[str, Any]:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        if not line:
+            raise ElasticError(f"bench rendezvous: a swarm process ended (exit {proc.wait()})")
+        return dict(json.loads(line))
+
+    def round(self) -> tuple[float, float, int]:
+        """One generation formed by every simulated rank: (wall seconds, coordinator CPU seconds, store ops)."""
+        served = lambda: sum(self.coordinator.coordinator.store.served.values())  # noqa: E731
+        cpu_before, ops_before = self.coordinator.call(time.thread_time), self.coordinator.call(served)
+        for proc in self.procs:
+            assert proc.stdin is not None
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+        results = [self._line(proc) for proc in self.procs]
+        cpu = self.coordinator.call(time.thread_time) - cpu_before
+        wall = max(r["ended"] for r in results) - min(r["started"] for r in results)
+        return wall, cpu, self.coordinator.call(served) - ops_before
+
+    def close(self) -> None:
+        for proc in self.procs:
+            if proc.stdin is not None:
+                proc.stdin.close()
+        for proc in self.procs:
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def measure(pattern: str, world: int, plan: RendezvousPlan) -> dict[str, Any]:
+    """Form `plan.rounds` generations of `world` simulated ranks; the median round."""
+    secret = new_secret()
+    coordinator = CoordinatorThread(CoordinatorConfig(job_id=JOB, secret=secret, expected_workers=world)).start()
+    swarm = None
+    try:
+        swarm = _Swarm(coordinator, secret, pattern, world, plan)
+        rounds = [swarm.round() for _ in range(plan.rounds)]
+    finally:
+        if swarm is not None:
+            swarm.close()
+        coordinator.stop()
+    wall = statistics.median(r[0] for r in rounds)
+    cpu = statistics.median(r[1] for r in rounds)
+    ops = rounds[0][2]
+    return {"backend": pattern, "ranks": world, "store_ops": ops, "measured": True, "form_s": round(wall, 4),
+            "store_cpu_s": round(cpu, 4), "ops_per_s": round(ops / wall)}  # fmt: skip
+
+
+def run(plan: RendezvousPlan, log: Callable[[str], None]) -> dict[str, Any]:
+    started = time.monotonic()
+    log(f"bench rendezvous: store operations of real gloo groups of {', '.join(map(str, plan.counted_worlds))}")
+    counted = gloo_store_ops(plan.counted_worlds)
+    per_world = {w: sum(c.values()) for w, c in counted.items()}
+    mismatch = {w: n for w, n in per_world.items() if n != w + 2 * w * w}
+    if mismatch:
+        raise ElasticError(f"bench rendezvous: gloo groups cost {mismatch} store ops, not N + 2 N^2: the model is off")
+    results = []
+    for pattern, worlds in (("nccl", plan.nccl_worlds), ("gloo", plan.gloo_worlds)):
+        for world in worlds:
+            log(f"bench rendezvous: {pattern}, {world} simulated ranks, {plan.rounds} generations")
+            results.append(measure(pattern, world, plan))
+    for pattern, ops_of in (("nccl", lambda n: n), ("gloo", lambda n: n + 2 * n * n)):
+        ran = [r for r in results if r["backend"] == pattern]
+        largest = max(ran, key=lambda r: r["ranks"])
+        for world in PROJECTED:
+            if any(r["ranks"] == world for r in ran):
+                continue
+            ops = ops_of(world)
+            results.append({"backend": pattern, "ranks": world, "store_ops": ops, "measured": False,
+                            "form_s": round(ops / largest["ops_per_s"], 3)})  # fmt: skip
+    results.sort(key=lambda r: (r["backend"], r["ranks"]))
+    nccl_16k = next((r for r in results if r["backend"] == "nccl" and r["ranks"] == 16384), None)
+    return {
+        "results": results,
+        "gloo_store_ops_counted": {str(w): c for w, c in counted.items()},
+        "target_nccl_16384_form_s": 0.5,
+        "nccl_16384_form_s": nccl_16k["form_s"] if nccl_16k else None,
+        "processes": plan.processes,
+        "elapsed_s": round(time.monotonic() - started, 1),
+    }
