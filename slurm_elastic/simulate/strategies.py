@@ -81,7 +81,7 @@ def policy(name: Strategy, scenario: Scenario, measured: Measured) -> Policy:
         name,
         in_process=True,
         elastic=name == "elastic",
-        rate=1.0 / measured.step_ratio,
+        rate=1.0 / max(1.0, measured.step_ratio),  # a slower step counts against us; a faster one (noise) never for
         interval_h=_interval(scenario, write_h, batch_host_mtbf_h, step_h),
         write_h=write_h,
         restart_h=restart_h,

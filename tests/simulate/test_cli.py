@@ -77,3 +77,12 @@ def test_plot_draws_goodput_against_gpus_from_16_up_to_the_scenarios_size(
     restart = [by_gpus[n]["checkpoint_restart"] for n in by_gpus]
     assert restart[-1] < restart[0]  # the job's failures grow with its size
     assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and figure.stat().st_size < 200_000
+
+
+def test_the_repositorys_own_benchmark_files_feed_the_default_run() -> None:
+    from slurm_elastic.commands.simulate import REPO_BENCH
+    from slurm_elastic.simulate.inputs import INPUTS, read_measured
+
+    measured = read_measured(REPO_BENCH)
+    assert set(measured.sources) == set(INPUTS)
+    assert measured.mttr_s < measured.requeue_s  # what the figures are about

@@ -119,3 +119,11 @@ def test_llama3s_run_is_reproduced_by_checkpoint_restart_with_its_parameters() -
     interruptions = statistics.fmean(r.interruptions for r in runs)
     assert abs(interruptions - 419) <= 3 * math.sqrt(419 / len(runs)), interruptions
     assert 0.90 <= statistics.fmean(r.goodput for r in runs) <= 0.95, runs
+
+
+def test_a_step_measured_faster_than_ddps_is_never_credited_and_a_slower_one_costs_in_proportion() -> None:
+    scenario = Scenario(gpus=64, days=5)
+    faster = simulate(scenario, MEASURED.model_copy(update={"step_ratio": 0.9}), 0)
+    slower = simulate(scenario, MEASURED.model_copy(update={"step_ratio": 1.25}), 0)
+    assert all(0.0 < o.goodput <= 1.0 for o in faster.values())
+    assert slower["elastic"].goodput == pytest.approx(faster["elastic"].goodput / 1.25, rel=0.01)
