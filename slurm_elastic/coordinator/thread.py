@@ -63,7 +63,9 @@ class CoordinatorThread:
         return self.coordinator.view()
 
     def call(self, fn: Any, *args: Any) -> Any:
-        """Run `fn(*args)` on the coordinator's loop and return its result."""
+        """Run `fn(*args)` on the coordinator's loop and return its result (RuntimeError once it is closed)."""
+        if self._loop.is_closed():
+            raise RuntimeError("the coordinator's loop is closed")
 
         async def run() -> Any:
             return fn(*args)

@@ -289,7 +289,10 @@ class SlurmLaunch:
         coordinator = self.coordinator
         if coordinator is None:
             return True  # cannot tell: let the steps take their grace
-        return coordinator.call(lambda: bool(coordinator.coordinator.agents))
+        try:
+            return bool(coordinator.call(lambda: bool(coordinator.coordinator.agents)))
+        except Exception:  # its loop is gone or stuck: cannot tell either, and the cleanup below must run
+            return True
 
     def finish(self, phase: str) -> None:
         for step in self._retired:  # agents that are gone: their srun may wait for a dead node's tasks

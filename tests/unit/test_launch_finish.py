@@ -53,3 +53,15 @@ def test_where_nobody_can_tell_srun_takes_its_time_to_end_by_itself(
     launch = _launch(tmp_path, monkeypatch, ["sleep", "1.5"])  # agents still ending their workers
     launch.finish("failed")
     assert launch.srun is not None and launch.srun.returncode == 0
+
+
+def test_a_coordinator_that_is_gone_cannot_tell_and_the_end_still_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    launch = _launch(tmp_path, monkeypatch, ["sleep", "1.5"])
+    launch.coordinator = CoordinatorThread(
+        CoordinatorConfig(job_id="1", secret=new_secret(), expected_workers=2)
+    ).start()
+    launch.coordinator.stop()  # its loop is closed: asking it raises
+    launch.finish("failed")
+    assert launch.srun is not None and launch.srun.returncode == 0
