@@ -13,7 +13,8 @@ from pydantic import ValidationError
 
 from slurm_elastic.commands.common import fail, print_result
 from slurm_elastic.errors import ConfigError
-from slurm_elastic.simulate import Measured, Scenario, report, simulate
+from slurm_elastic.simulate import Measured, Outcome, Scenario, report, simulate
+from slurm_elastic.simulate.inputs import read_measured
 from slurm_elastic.simulate.plot import plot_goodput
 
 REPO_BENCH = Path(__file__).resolve().parents[2] / "docs" / "bench"
@@ -34,8 +35,6 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def run(args: argparse.Namespace) -> int:
-    from slurm_elastic.simulate.inputs import read_measured
-
     if args.runs < 1:
         return fail(f"--runs {args.runs}: need at least 1 run")
     given = {k[3:]: v for k, v in vars(args).items() if k.startswith("sc_") and v is not None}
@@ -50,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
         return fail(f"--{where.replace('_', '-')} {given.get(where)}: {first['msg']}")
     except ConfigError as exc:
         return fail(str(exc))
-    runs = [simulate(scenario, measured, seed) for seed in range(args.seed, args.seed + args.runs)]
+    runs = _runs(scenario, measured, args)
     result = report(scenario, measured, args.seed, runs[0])
     result["runs"] = args.runs
     result["strategies"] = {name: _mean([r[name].as_json() for r in runs]) for name in runs[0]}
@@ -75,8 +74,13 @@ def _sizes(scenario: Scenario) -> list[int]:
     return [*sizes, scenario.gpus]
 
 
+def _runs(scenario: Scenario, measured: Measured, args: argparse.Namespace) -> list[dict[str, Outcome]]:
+    """Every strategy on the timelines of seeds --seed .. --seed + --runs - 1."""
+    return [simulate(scenario, measured, seed) for seed in range(args.seed, args.seed + args.runs)]
+
+
 def _goodput(scenario: Scenario, measured: Measured, args: argparse.Namespace) -> dict[str, float]:
-    runs = [simulate(scenario, measured, seed) for seed in range(args.seed, args.seed + args.runs)]
+    runs = _runs(scenario, measured, args)
     return {name: round(statistics.fmean(r[name].goodput for r in runs), 5) for name in runs[0]}
 
 

@@ -34,13 +34,15 @@ def _launch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, srun: list[str]) ->
     return launch
 
 
+def _coordinator() -> CoordinatorThread:
+    return CoordinatorThread(CoordinatorConfig(job_id="1", secret=new_secret(), expected_workers=2)).start()
+
+
 def test_with_no_agent_connected_the_srun_left_waiting_is_ended_long_before_the_grace(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     launch = _launch(tmp_path, monkeypatch, ["sleep", "600"])
-    launch.coordinator = CoordinatorThread(
-        CoordinatorConfig(job_id="1", secret=new_secret(), expected_workers=2)
-    ).start()
+    launch.coordinator = _coordinator()
     started = time.monotonic()
     launch.finish("finished")
     assert launch.srun is not None and launch.srun.returncode == -signal.SIGTERM
@@ -59,9 +61,7 @@ def test_a_coordinator_that_is_gone_cannot_tell_and_the_end_still_runs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     launch = _launch(tmp_path, monkeypatch, ["sleep", "1.5"])
-    launch.coordinator = CoordinatorThread(
-        CoordinatorConfig(job_id="1", secret=new_secret(), expected_workers=2)
-    ).start()
+    launch.coordinator = _coordinator()
     launch.coordinator.stop()  # its loop is closed: asking it raises
     launch.finish("failed")
     assert launch.srun is not None and launch.srun.returncode == 0
