@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 
 from slurm_elastic.agentspec import LEASE_TIMEOUT_S
+from slurm_elastic.errors import ProtocolError
 
 WorkerId = Annotated[str, Field(min_length=1, max_length=200)]
 NodeName = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.:\-\[\],]+$")]
@@ -157,14 +158,45 @@ class Registered(_Msg):
 
 
 class Assign(_Msg):
-    """Generation `generation` begins: abruptly (`boundary_step` None) or after `boundary_step` commits."""
+    """Generation `generation` begins: abruptly (`boundary_step` None) or after `boundary_step` commits.
+
+    Its ranks come whole (`ranks`) to a worker new to the job, and to a member of generation `since` as the
+    change from that generation's ranks: `left` taken out, `joined` appended. A whole list for every member
+    would cost N^2 bytes per generation (200 MB at 4,096 ranks); the change costs what changed.
+    """
 
     type: Literal["assign"] = "assign"
     generation: int = Field(ge=1)
     rank: int = Field(ge=0)
-    ranks: list[WorkerId] = Field(min_length=1)
+    ranks: list[WorkerId] = Field(default_factory=list)
+    since: int | None = Field(default=None, ge=1)
+    left: list[WorkerId] = Field(default_factory=list)
+    joined: list[WorkerId] = Field(default_factory=list)
     boundary_step: int | None
     cause: str
+
+    @model_validator(mode="after")
+    def _whole_or_change(self) -> Assign:
+        if (self.since is None) == (not self.ranks):
+            raise ValueError("an assign carries either its whole ranks or the change since a generation")
+        if self.since is not None and self.since >= self.generation:
+            raise ValueError(f"generation {self.generation} cannot be a change since generation {self.since}")
+        return self
+
+    def resolved(self, known: Assign | None) -> Assign:
+        """This assign with its whole ranks, given the last one this worker resolved (`known`)."""
+        if self.since is None:
+            return self
+        if known is None or known.generation != self.since:
+            have = "none" if known is None else f"generation {known.generation}"
+            what = f"generation {self.generation} came as a change since {self.since}"
+            raise ProtocolError(f"{what}; this worker knows {have}")
+        gone = set(self.left)
+        ranks = [w for w in known.ranks if w not in gone] + self.joined
+        if not 0 <= self.rank < len(ranks) or len(ranks) != len(set(ranks)):
+            what = f"generation {self.generation}'s change since {self.since}"
+            raise ProtocolError(f"{what} does not give rank {self.rank} of {len(ranks)} unique ranks")
+        return self.model_copy(update={"ranks": ranks, "since": None, "left": [], "joined": []})
 
 
 class ChangePending(_Msg):

@@ -66,6 +66,7 @@ class ControlClient:
         self._channel: Channel | None = None
         self._cond = threading.Condition()
         self._latest: Announcement | None = None
+        self._known: Assign | None = None  # the last generation's assign, whole: the next may be a change of it
         self._current_generation = 0
         self._change_generation = 0
         self._lost = False
@@ -166,6 +167,8 @@ class ControlClient:
                 self._on_lost()
                 return
             self._last_heard = time.monotonic()
+            if isinstance(msg, Assign):  # an unresolvable change raises: this thread dies, saying why
+                msg = self._known = msg.resolved(self._known)
             with self._cond:
                 if isinstance(msg, ChangePending):
                     self._change_generation = max(self._change_generation, msg.generation)
