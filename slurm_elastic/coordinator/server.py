@@ -1,18 +1,19 @@
-"""The per-job coordinator: connections in, events to the pure reducer, its actions out.
+"""The per-job coordinator: the driver of the pure reducer (decide.membership). Peers' messages and their
+silence become its events; its actions become messages to peers.
 
-It listens on one address; each peer and it prove the job's secret to each other before anything else
-(wire.channel: small frames and a bounded number of handshakes until then). It serves the job's
-rendezvous store to "store" connections (rendezvous/) and drops old generations' keys on each announce.
-All state changes happen on one asyncio loop; `CoordinatorThread` runs that loop beside the launcher.
+Its parts: `connections` (the door: listening, the secret proven both ways, peers handed on by role),
+`record` (what other threads and tools read: the public view, commits, progress, recovery times), the
+rendezvous store (served to "store" connections; old generations' keys dropped on each announce). It keeps
+the peers' connections, their liveness, and the job's membership. All state changes happen on one asyncio
+loop; `CoordinatorThread` runs that loop beside the launcher.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import threading
 import time
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -20,19 +21,18 @@ from typing import Any
 from pydantic import BaseModel
 
 from slurm_elastic.coordinator.config import CoordinatorConfig
-from slurm_elastic.coordinator.peers import Peer, PublicView, throughput
-from slurm_elastic.coordinator.refusals import RefusalSummary
+from slurm_elastic.coordinator.connections import Connections, allow_open_files
+from slurm_elastic.coordinator.peers import Peer, PublicView
+from slurm_elastic.coordinator.record import Record
 from slurm_elastic.decide import membership as m
 from slurm_elastic.decide.failures import ExitRecord, identical_failure_verdict, never_joined_verdict, record_failure
 from slurm_elastic.decide.health import Liveness, find_unresponsive, stalled_for
-from slurm_elastic.errors import AuthError, HandshakeRefused, InvalidMessage, ProtocolError
+from slurm_elastic.errors import InvalidMessage, ProtocolError
 from slurm_elastic.events import EventLog
 from slurm_elastic.eventtypes import (
     CATALOGUED_KINDS,
     CheckpointFallback,
     CollectiveFault,
-    Commit,
-    ConnectionRefused,
     ControlLoopFailed,
     CoordinatorPaused,
     CoordinatorStarted,
@@ -48,8 +48,6 @@ from slurm_elastic.eventtypes import (
     NodeLost,
     NodeRegistered,
     NodeUnresponsive,
-    Progress,
-    Recovered,
     RestartAll,
     StateLost,
     UserFailure,
@@ -61,14 +59,25 @@ from slurm_elastic.logs import get_logger
 from slurm_elastic.loops import run_loudly
 from slurm_elastic.rendezvous.service import StoreService
 from slurm_elastic.wire import messages as msg
-from slurm_elastic.wire.channel import HandshakeGate, accept_handshake, read_message, write_message
+from slurm_elastic.wire.channel import encode_frame, read_message, write_message
 
 log = get_logger("slurm_elastic.coordinator")
 TICK_S = 0.1
-MAX_COMMIT_RECORDS = 10_000  # the newest commits kept for tools (MTTR, demos); events.jsonl has them all
+LIVENESS_S = 0.5  # leases and hangs are judged this often: a scan is O(peers), the lease is seconds long
 MAX_TRACEBACKS = 100
 _RESERVED_FIELDS = frozenset({"event", "job", "time", "worker", "quiet", "kind"})  # set by the coordinator
 STORE_PREFIX = "rdzv"  # generation g's keys: rdzv/g<g>/...
+
+
+def ranks_change(old: m.Generation, new: m.Generation) -> dict[str, Any] | None:
+    """`new`'s ranks as an Assign's change since `old` (left taken out, joined appended), or None where the
+    survivors were reordered and only the whole list says it."""
+    kept = set(new.ranks)
+    survivors = tuple(w for w in old.ranks if w in kept)
+    if new.ranks[: len(survivors)] != survivors:
+        return None
+    left = [w for w in old.ranks if w not in kept]
+    return {"since": old.number, "left": left, "joined": list(new.ranks[len(survivors) :])}
 
 
 class Coordinator:
@@ -88,15 +97,15 @@ class Coordinator:
         self.workers: dict[str, Peer] = {}
         self.agents: dict[str, Peer] = {}
         self.failures: dict[str, int] = {}
+        self._losses: dict[str, str] = {}  # workers lost in this turn of the loop, and why (see _lost)
         self.tracebacks: dict[str, str] = {}
-        self._view = PublicView()
-        self._view_lock = threading.Lock()
+        self.record = Record(
+            self.events, record_commits=config.record_commits, progress_interval_s=config.progress_interval_s
+        )
         self.done = threading.Event()
-        self._abrupt_since: tuple[int, float, int] | None = None  # (generation, detected at, last step)
-        self._recent_commits: deque[Commit] = deque(maxlen=64)
-        self._last_progress = 0.0
         self._ticker_task: asyncio.Task[None] | None = None
-        self._last_tick = self._last_pulse = time.monotonic()
+        self._last_tick = self._last_pulse = self._last_scan = time.monotonic()
+        self._last_tick_cpu = 0.0  # the loop thread's CPU time at the last tick (set on the loop's thread)
         self._run_offset = 0  # checkpoint fallbacks so far: each starts a new run of the ledger
         self._fallback_from: int | None = None  # the last committed step when the fallback began
         self._registered: set[str] = set()  # worker ids that ever joined
@@ -107,43 +116,25 @@ class Coordinator:
         self.pool_partition: str | None = None
         self.drained_nodes: set[str] = set()  # every node ever asked to leave: never relaunched
         self.store = StoreService(STORE_PREFIX)
-        self.gate = HandshakeGate()
-        self.refusals = RefusalSummary()
-        self._refusal_report: asyncio.TimerHandle | None = None
-        self.server: asyncio.AbstractServer | None = None
-        self.address = ""
+        self.connections = Connections(config, self.events, self.store, self)
 
-    # --- thread-safe reads ----------------------------------------------------------------------------
+    @property
+    def address(self) -> str:
+        return self.connections.address
+
+    def report_refusals(self) -> None:
+        self.connections.report_refusals()
 
     def view(self) -> PublicView:
-        with self._view_lock:
-            v = self._view
-            return PublicView(
-                v.phase,
-                v.generation,
-                v.world,
-                v.last_step,
-                v.reason,
-                v.failure_traceback,
-                list(v.commits),
-                list(v.failed_after_training),
-            )
-
-    def _publish(self) -> None:
-        gen = self.state.generation
-        with self._view_lock:
-            self._view.phase = self.state.phase
-            self._view.generation = gen.number if gen else 0
-            self._view.world = len(gen.ranks) if gen else 0
-            self._view.reason = self.state.reason
+        """The job's public view (safe from any thread)."""
+        return self.record.view()
 
     # --- start-up -------------------------------------------------------------------------------------
 
     async def start(self) -> None:
         cfg = self.config
-        self.server = await asyncio.start_server(self._serve_connection, cfg.host, cfg.port)
-        port = self.server.sockets[0].getsockname()[1]
-        self.address = f"{cfg.advertise_host or cfg.host}:{port}"
+        allow_open_files(3 * cfg.expected_workers + 64)  # each worker: control + store; each node: an agent
+        await self.connections.listen()
         self.events.record(CoordinatorStarted(self.address, cfg.expected_workers, cfg.recovery))
         ticker = run_loudly(self._ticker(), "the coordinator's ticker", self._ticker_died)
         self._ticker_task = asyncio.get_running_loop().create_task(ticker)
@@ -160,74 +151,13 @@ class Coordinator:
             run=cfg.run + self._run_offset,
         )
 
-    # --- connections ----------------------------------------------------------------------------------
-
-    async def _serve_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        peer = str(writer.get_extra_info("peername"))
-        await run_loudly(self._on_connect(reader, writer), f"the connection task of {peer}", self._connection_died)
-
-    def _connection_died(self, reason: str) -> None:
-        """One connection's task failed: that peer is lost the ordinary way (its connection closes), and the
-        reason is on record. Not the job: one peer's connection, authenticated or not, must not stop it."""
-        self.events.record(ControlLoopFailed(reason, loop="connection"))
-
-    async def _on_connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            self.gate.enter(writer)
-            try:
-                role = await accept_handshake(reader, writer, secret=self.config.secret, job_id=self.config.job_id)
-            finally:
-                self.gate.leave(writer)
-            if role == "store":  # may stay quiet until its generation's group needs it
-                await self.store.serve(reader, writer)
-                return
-            first = await asyncio.wait_for(read_message(reader), 30)
-            if role == "worker" and isinstance(first, msg.Register):
-                await self._serve_worker(first, reader, writer)
-            elif role == "agent" and isinstance(first, msg.RegisterNode):
-                await self._serve_agent(first, reader, writer)
-            elif role == "client":
-                await self._serve_client(first, writer)
-            else:
-                raise ProtocolError(f"a {role} may not open with {first.type!r}")
-        except HandshakeRefused as exc:  # a peer without the secret: counted, never quoted
-            self._refused(exc.category, writer)
-        except (AuthError, ProtocolError) as exc:  # an authenticated peer's mistake
-            self.events.record(ConnectionRefused(str(exc)[:500], str(writer.get_extra_info("peername"))))
-        except (ConnectionError, asyncio.IncompleteReadError, TimeoutError):
-            pass
-        finally:
-            writer.close()
-            with contextlib.suppress(Exception):
-                await writer.wait_closed()
-
-    def _refused(self, category: str, writer: asyncio.StreamWriter) -> None:
-        """One refused handshake: reported at once after a quiet spell, else summed up once an interval."""
-        peername = writer.get_extra_info("peername")  # the kernel's record of the peer's address
-        peer = str(peername[0]) if isinstance(peername, tuple) and peername else "unknown"
-        summary = self.refusals.note(category, peer, time.monotonic())
-        if summary is not None:
-            self.events.emit("handshakes_refused", **summary)
-        elif self._refusal_report is None and (due := self.refusals.due()) is not None:
-            delay = max(0.0, due - time.monotonic())
-            self._refusal_report = asyncio.get_running_loop().call_later(delay, self.report_refusals)
-
-    def report_refusals(self) -> None:
-        """Emit the refusals not yet reported (at the end of their interval, or when the coordinator stops)."""
-        if self._refusal_report is not None:
-            self._refusal_report.cancel()
-            self._refusal_report = None
-        summary = self.refusals.take(time.monotonic())
-        if summary is not None:
-            self.events.emit("handshakes_refused", **summary)
+    # --- peers ---------------------------------------------------------------------------------------
 
     def _send(self, peer: Peer | None, message: BaseModel) -> None:
         if peer is not None and not peer.writer.is_closing():
             write_message(peer.writer, message)
 
-    async def _serve_worker(
-        self, reg: msg.Register, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> None:
+    async def serve_worker(self, reg: msg.Register, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         wid = reg.worker_id
         if wid in self.workers or self.state.phase in ("finished", "failed", "suspended"):
             write_message(writer, msg.Stop(reason=f"worker {wid} already registered or job over"))
@@ -250,7 +180,7 @@ class Coordinator:
         finally:
             if self.workers.get(wid) is not None and self.workers[wid].writer is writer:
                 del self.workers[wid]
-                self._feed(m.Lost((wid,), "connection closed"))
+                self._lost(wid, "connection closed")
 
     def _on_worker_message(self, wid: str, peer: Peer, message: msg.Message) -> None:
         match message:
@@ -258,7 +188,7 @@ class Coordinator:
                 if (message.step, message.phase) != (peer.step, peer.phase):
                     peer.step, peer.phase, peer.phase_since = message.step, message.phase, time.monotonic()
             case msg.Committed():
-                self._on_commit(message)
+                self.record.commit(message)
             case msg.AtBoundary():
                 self._feed(m.ReachedBoundary(wid, message.generation, message.step))
             case msg.CollectiveFault():
@@ -278,7 +208,7 @@ class Coordinator:
             case _:
                 raise ProtocolError(f"unexpected {message.type!r} from worker {wid}")
 
-    async def _serve_agent(
+    async def serve_agent(
         self, reg: msg.RegisterNode, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
         node = reg.node
@@ -327,8 +257,7 @@ class Coordinator:
         that failed at its end)."""
         joined = e.worker_id in self._registered
         if e.returncode != 0 and e.worker_id in self.state.finished:
-            with self._view_lock:
-                self._view.failed_after_training.append(f"{e.worker_id} exited with {e.returncode}")
+            self.record.failed_after_training(f"{e.worker_id} exited with {e.returncode}")
         if self.state.phase != "rendezvous" or e.will_restart:
             return
         self._final_exits.append(ExitRecord(e.worker_id, node, e.returncode, e.stderr_tail, joined))
@@ -356,9 +285,23 @@ class Coordinator:
         peer = self.workers.pop(wid, None)
         if peer is not None:
             peer.writer.close()
-        self._feed(m.Lost((wid,), cause))
+        self._lost(wid, cause)
 
-    async def _serve_client(self, first: msg.Message, writer: asyncio.StreamWriter) -> None:
+    def _lost(self, wid: str, cause: str) -> None:
+        """`wid` is gone: the reducer hears of it at the end of this turn of the loop, with every other loss
+        of the same turn. A node's connections (or a rack's) close together; one generation answers them all,
+        not one per connection, each announced to every member (O(N^2) frames for a rack at 4,096 nodes)."""
+        if not self._losses:
+            asyncio.get_running_loop().call_soon(self._report_losses)
+        self._losses.setdefault(wid, cause)
+
+    def _report_losses(self) -> None:
+        losses, self._losses = self._losses, {}
+        causes = list(dict.fromkeys(losses.values()))
+        cause = "; ".join(causes[:3]) + (f"; and {len(causes) - 3} more" if len(causes) > 3 else "")
+        self._feed(m.Lost(tuple(losses), cause))
+
+    async def serve_client(self, first: msg.Message, writer: asyncio.StreamWriter) -> None:
         if isinstance(first, msg.StatusRequest):
             write_message(writer, self.status())
         elif isinstance(first, msg.DrainRequest):
@@ -373,37 +316,11 @@ class Coordinator:
 
     # --- message handlers -----------------------------------------------------------------------------
 
-    def _on_commit(self, c: msg.Committed) -> None:
-        now = time.time()
-        commit = Commit(c.step, c.generation, c.world, c.loss, c.time, samples=c.samples, received=now)
-        self._recent_commits.append(commit)
-        if self.config.record_commits:
-            self.events.record(commit, quiet=True)
-        with self._view_lock:
-            self._view.commits.append(commit)
-            if len(self._view.commits) > MAX_COMMIT_RECORDS:  # a long run must not grow the coordinator
-                del self._view.commits[: len(self._view.commits) - MAX_COMMIT_RECORDS]
-            self._view.last_step = max(self._view.last_step, c.step)
-        if self._abrupt_since is not None and c.generation >= self._abrupt_since[0]:
-            _gen, detected, before = self._abrupt_since
-            self._abrupt_since = None
-            took = round(time.monotonic() - detected, 4)
-            self.events.record(Recovered(c.generation, c.step, detect_to_commit_s=took, last_step_before=before))
-        if now - self._last_progress >= self.config.progress_interval_s:
-            self._last_progress = now
-            self.events.record(Progress(c.step, round(c.loss, 4), c.world, c.generation, self._throughput()))
-
-    def _throughput(self) -> float | None:
-        return throughput(list(self._recent_commits))
-
     def _on_worker_event(self, wid: str, e: msg.WorkerEvent) -> None:
         fields = {k: v for k, v in e.fields.items() if k not in _RESERVED_FIELDS}
         if e.kind == "generation_ready":
-            last = self._view.last_step
-            resume = int(fields.get("resume_step", last))
-            fields["lost_committed_steps"] = max(0, last - resume)
-            with self._view_lock:  # a fault between the ranks' commits of a step: rank 0 took it from a peer
-                self._view.last_step = max(self._view.last_step, resume)
+            resume = int(fields.get("resume_step", self.record.last_step))
+            fields["lost_committed_steps"] = self.record.resumed_at(resume)
             if self._fallback_from is not None:  # the first generation after a checkpoint fallback
                 before, self._fallback_from = self._fallback_from, None
                 self.events.record(CheckpointFallback(before, resume, replayed_steps=max(0, before - resume)))
@@ -422,8 +339,7 @@ class Coordinator:
         self.events.record(UserFailure(f.worker_id, f.signature, self.failures[f.signature]))
         verdict = identical_failure_verdict(self.failures, self.config.max_identical_failures)
         if verdict is not None:
-            with self._view_lock:
-                self._view.failure_traceback = f.traceback
+            self.record.failed(f.traceback)
             self._feed(m.Abort(verdict))
 
     def _on_drain(self, d: msg.DrainRequest) -> msg.Ack:
@@ -443,7 +359,7 @@ class Coordinator:
         self.state = outcome.state
         for action in outcome.actions:
             self._act(action, before, event)
-        self._publish()
+        self.record.publish(self.state)
         if self.state.phase in ("finished", "failed", "suspended"):
             self.done.set()
         return outcome
@@ -460,17 +376,17 @@ class Coordinator:
                     self._send(self.workers.get(wid), msg.ChangePending(generation=action.generation))
             case m.RestartAll():
                 gen = before.generation
-                self._abrupt_since = ((gen.number if gen else 0) + 1, time.monotonic(), self._view.last_step)
+                self.record.recovery_began((gen.number if gen else 0) + 1)
                 self.events.record(RestartAll(action.reason, tuple(sorted(self.agents))))
                 if action.fallback:
                     self._run_offset += 1  # a new run of the ledger: the replayed steps count once
-                    self._fallback_from = self._view.last_step
+                    self._fallback_from = self.record.last_step
                 for agent in self.agents.values():
                     self._send(agent, msg.RestartWorkers(reason=action.reason))
                 if not self.agents:
                     self._feed(m.Abort(f"{action.reason}; but no node is left to restart on"))
             case m.Complete():
-                self.events.record(JobFinished(action.reason, self._view.last_step))
+                self.events.record(JobFinished(action.reason, self.record.last_step))
                 self._stop_everyone(msg.Stop(reason="complete"))
             case m.Suspend():
                 self.events.record(JobSuspended(action.reason, action.step))
@@ -484,22 +400,21 @@ class Coordinator:
         self._registered.clear()  # the job runs: only exits before the next rendezvous matter again
         self._final_exits.clear()
         self.store.prune(gen.number)  # the older generations' groups are formed or abandoned: drop their keys
+        old = before.generation
+        diff = ranks_change(old, gen) if old is not None else None
+        whole = {"ranks": list(gen.ranks)}
         for rank, wid in enumerate(gen.ranks):
-            self._send(
-                self.workers.get(wid),
-                msg.Assign(
-                    generation=gen.number,
-                    rank=rank,
-                    ranks=list(gen.ranks),
-                    boundary_step=gen.boundary_step,
-                    cause=gen.cause,
-                ),
-            )
+            peer = self.workers.get(wid)
+            if peer is None:
+                continue
+            ranks = diff if diff is not None and old is not None and peer.assigned == old.number else whole
+            peer.assigned = gen.number
+            at = {"generation": gen.number, "rank": rank, "boundary_step": gen.boundary_step, "cause": gen.cause}
+            self._send(peer, msg.Assign(**at, **ranks))
         for wid in a.leaving:
             self._send(self.workers.get(wid), msg.Leave(reason=f"left in generation {gen.number}: {gen.cause}"))
-        old = before.generation
-        if gen.boundary_step is None and old is not None and self._abrupt_since is None:
-            self._abrupt_since = (gen.number, time.monotonic(), self._view.last_step)
+        if gen.boundary_step is None and old is not None:
+            self.record.recovery_began(gen.number, unless_begun=True)
         change = MembershipChange(
             generation=gen.number,
             cause=gen.cause,
@@ -520,6 +435,7 @@ class Coordinator:
     # --- time -----------------------------------------------------------------------------------------
 
     async def _ticker(self) -> None:
+        self._last_tick_cpu = time.thread_time()
         while True:
             await asyncio.sleep(TICK_S)
             self._tick(time.monotonic())
@@ -536,15 +452,16 @@ class Coordinator:
             self._feed(m.Abort(reason))
         except Exception:  # the reducer itself is what broke: stop everyone by hand
             self.state = replace(self.state, phase="failed", reason=reason)
-            self._publish()
+            self.record.publish(self.state)
             self.done.set()
             self.events.record(JobFailed(reason))
             self._stop_everyone(msg.Stop(reason="failed", error=reason))
 
     def _tick(self, now: float) -> None:
         cfg = self.config
-        stalled = stalled_for(self._last_tick, now, TICK_S)
-        self._last_tick = now
+        cpu = time.thread_time()  # the loop's own thread: busy is slow, not stopped
+        stalled = stalled_for(self._last_tick, now, TICK_S, busy_s=cpu - self._last_tick_cpu)
+        self._last_tick, self._last_tick_cpu = now, cpu
         if stalled:  # this process was stopped: nobody else's silence in that time counts against them
             for held in (*self.workers.values(), *self.agents.values()):
                 held.last_seen += stalled
@@ -552,18 +469,15 @@ class Coordinator:
             self.events.record(CoordinatorPaused(round(stalled, 2)))
         if now - self._last_pulse >= cfg.heartbeat_interval_s:
             self._last_pulse = now
-            pulse = msg.Pulse(generation=self.state.generation.number if self.state.generation else 0)
+            pulse = encode_frame(msg.Pulse(generation=self.state.generation.number if self.state.generation else 0))
             for client in (*self.workers.values(), *self.agents.values()):
-                self._send(client, pulse)
+                if not client.writer.is_closing():
+                    client.writer.write(pulse)
         self._feed(m.Tick())
-        if self.state.phase != "running":
+        if self.state.phase != "running" or now - self._last_scan < LIVENESS_S:
             return
-        members = [
-            Liveness(w, p.last_seen, p.step, p.phase, p.phase_since)
-            for w in self.state.members
-            if (p := self.workers.get(w)) is not None and w not in self.state.finished
-        ]
-        agents = [Liveness(n, p.last_seen, 0, "agent", p.last_seen) for n, p in self.agents.items()]
+        self._last_scan = now
+        agents, members = self._suspects(now)
         lease, hang = cfg.lease_timeout_s, cfg.hang_timeout_s
         for verdict in find_unresponsive(now, agents, lease_timeout_s=lease, hang_timeout_s=hang):
             self.events.record(NodeUnresponsive(verdict.worker_id, verdict.reason))
@@ -578,6 +492,25 @@ class Coordinator:
             self.events.record(HangEvicted(verdict.worker_id, verdict.cause, verdict.reason))
             self._send(self.agents.get(peer.node), msg.KillWorker(worker_id=verdict.worker_id, reason=verdict.reason))
             self._lose_worker(verdict.worker_id, f"{verdict.cause}: {verdict.reason}")
+
+    def _suspects(self, now: float) -> tuple[list[Liveness], list[Liveness]]:
+        """The agents and members that may be silent or hung, as `find_unresponsive` needs them (with every
+        member waiting in a reduction where one may be hung). Only suspects become records: reading two
+        numbers of every peer is cheap; a record for each, twice a second at 4,096 nodes, was not."""
+        cfg = self.config
+        lease_cut, hang_cut = now - cfg.lease_timeout_s, now - cfg.hang_timeout_s
+        agents = [
+            Liveness(n, p.last_seen, 0, "agent", p.last_seen) for n, p in self.agents.items() if p.last_seen < lease_cut
+        ]
+        finished = self.state.finished
+        peers = [(w, p) for w in self.state.members if (p := self.workers.get(w)) is not None and w not in finished]
+        hung = any(p.phase == "compute" and p.phase_since < hang_cut for _, p in peers)
+        members = [
+            Liveness(w, p.last_seen, p.step, p.phase, p.phase_since)
+            for w, p in peers  # in rank order, as before: who is evicted first decides the next generation
+            if p.last_seen < lease_cut or (hung and p.phase in ("compute", "allreduce"))
+        ]
+        return agents, members
 
     # --- status ---------------------------------------------------------------------------------------
 
@@ -596,7 +529,7 @@ class Coordinator:
             )
             for w, p in sorted(self.workers.items(), key=lambda kv: (ranks.get(kv[0], 1 << 30), kv[0]))
         ]
-        last = self._recent_commits[-1] if self._recent_commits else None
+        last = self.record.last_commit
         return msg.StatusReply(
             job_id=self.config.job_id,
             state=self.state.phase,
@@ -604,7 +537,7 @@ class Coordinator:
             world_size=len(gen.ranks) if gen else 0,
             step=last.step if last else 0,
             loss=last.loss if last else None,
-            samples_per_s=self._throughput(),
+            samples_per_s=self.record.throughput(),
             nodes=sorted(self.agents),
             node_jobs={n: p.slurm_job for n, p in sorted(self.agents.items())},
             members=members,

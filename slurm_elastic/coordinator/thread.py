@@ -88,12 +88,10 @@ class CoordinatorThread:
             coord = self.coordinator
             if coord._ticker_task is not None:
                 coord._ticker_task.cancel()
-            if coord.server is not None:
-                coord.server.close()
+            coord.connections.close()
             for peer in (*coord.workers.values(), *coord.agents.values()):
                 peer.writer.close()
             coord.store.close()
-            coord.gate.abort_all()
             coord.report_refusals()  # the last interval's, not left unsaid
 
         with contextlib.suppress(Exception):

@@ -46,9 +46,15 @@ def find_unresponsive(
     return tuple(verdicts)
 
 
-def stalled_for(previous: float, now: float, interval_s: float, *, slack: float = 5.0) -> float:
+def stalled_for(previous: float, now: float, interval_s: float, *, slack: float = 5.0, busy_s: float = 0.0) -> float:
     """How long a loop that should run every `interval_s` was itself stopped (SIGSTOP, `scontrol suspend`,
     a frozen VM) between `previous` and `now`: 0 for an ordinary delay. Silence of the others during that
-    time says nothing about them, so their leases are extended by it."""
+    time says nothing about them, so their leases are extended by it.
+
+    `busy_s`, where known, is the CPU time the loop's own thread spent in that gap: a loop that ran for half
+    of it or more was slow (a burst of work), not stopped, and the others' silence in it was real. Counting
+    its every slow turn as a stop would push a silent peer's eviction back without end under load."""
     gap = now - previous
-    return gap - interval_s if gap > max(slack * interval_s, 1.0) else 0.0
+    if gap <= max(slack * interval_s, 1.0) or busy_s >= gap / 2:
+        return 0.0
+    return gap - interval_s

@@ -328,7 +328,8 @@ def _abrupt(state: State, lost: set[str], leaving: set[str], cause: str, policy:
     else:
         drained, draining = set(), state.draining
     draining = _hosting(draining, workers)
-    joiners = [workers[w] for w in workers if w not in gen.ranks and w not in state.finished]
+    members = set(gen.ranks)  # a set: this runs once per lost worker, over every worker
+    joiners = [workers[w] for w in workers if w not in members and w not in state.finished]
     ranks = order_ranks(survivors, joiners)
     new_gen = Generation(gen.number + 1, ranks, None, cause)
     # Every survivor is on a draining node: they stay for now, and the drain still needs a boundary of g+1.

@@ -167,7 +167,7 @@ def test_a_proof_that_is_not_hex_of_the_exact_length_is_refused(coordinator: Coo
 
 
 def test_thousands_of_idle_connections_hold_no_more_than_the_cap(coordinator: CoordinatorThread) -> None:
-    gate = coordinator.coordinator.gate
+    gate = coordinator.coordinator.connections.gate
     fds_before = len(os.listdir("/proc/self/fd"))
     idle: list[socket.socket] = []
     try:
@@ -197,7 +197,7 @@ def test_idle_handshakes_end_at_the_timeout(coordinator: CoordinatorThread, monk
     try:
         for sock in socks:
             assert closed_within(sock, 3)
-        assert len(coordinator.coordinator.gate) == 0
+        assert len(coordinator.coordinator.connections.gate) == 0
         assert refusals(coordinator) == {"timeout": 5}
     finally:
         for sock in socks:

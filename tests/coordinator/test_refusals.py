@@ -137,7 +137,7 @@ def test_a_thousand_bad_handshakes_cost_the_events_a_line_or_two(coordinator: Co
 def test_refusals_that_stop_coming_are_reported_at_the_end_of_their_interval(
     coordinator: CoordinatorThread,
 ) -> None:
-    coordinator.coordinator.refusals.interval_s = 0.3
+    coordinator.coordinator.connections.refusals.interval_s = 0.3
     for _ in range(3):
         attempt(coordinator.address, frame(hello()))
     deadline = time.monotonic() + 10

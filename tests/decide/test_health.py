@@ -120,3 +120,12 @@ def test_an_ordinary_delay_is_not_a_stall() -> None:
 def test_a_stop_longer_than_five_intervals_and_a_second_is_a_stall_of_the_excess() -> None:
     assert stalled_for(100.0, 130.0, 0.1) == pytest.approx(29.9)
     assert stalled_for(100.0, 106.0, 1.0) == pytest.approx(5.0)
+
+
+def test_a_loop_that_was_busy_for_its_gap_was_slow_not_stopped() -> None:
+    """A coordinator working through a burst (thousands of peers' frames at once) keeps judging silence:
+    were every slow turn a stop, a silent node's lease would be extended again and again."""
+    assert stalled_for(100.0, 102.0, 0.1, busy_s=1.9) == 0.0
+    assert stalled_for(100.0, 102.0, 0.1, busy_s=1.0) == 0.0, "half of the gap on the CPU: slow"
+    assert stalled_for(100.0, 102.0, 0.1, busy_s=0.2) == pytest.approx(1.9), "barely ran: stopped"
+    assert stalled_for(100.0, 130.0, 0.1, busy_s=0.0) == pytest.approx(29.9)

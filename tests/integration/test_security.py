@@ -202,4 +202,4 @@ def test_a_job_under_attack_trains_to_the_reference_result() -> None:
     coordinator.report_refusals()  # the coordinator has stopped: the last interval's refusals
     refusals = refused_by_category(coordinator.events.all())
     assert refusals["oversized frame"] > 0 and refusals["bad proof"] > 0 and refusals["malformed hello"] > 0
-    assert coordinator.gate.evicted > 0
+    assert coordinator.connections.gate.evicted > 0

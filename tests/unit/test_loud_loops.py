@@ -103,7 +103,7 @@ def test_a_connection_task_that_dies_is_on_record_and_the_job_goes_on(
     async def broken(*_: object) -> None:
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(coordinator.coordinator, "_serve_agent", broken)
+    monkeypatch.setattr(coordinator.coordinator, "serve_agent", broken)
     channel = connect(coordinator.address, secret=SECRET, job_id="j", role="agent")
     try:
         channel.send(msg.RegisterNode(node="n1", host="h", nproc=1, pid=os.getpid()))

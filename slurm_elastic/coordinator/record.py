@@ -1,0 +1,106 @@
+"""What the job has done so far, as other threads and tools see it: the public view, the commits and their
+throughput, and how long each recovery took from its detection to the next commit.
+
+The coordinator's loop writes it; `view()` is safe from any thread (a copy taken under a lock).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+
+from slurm_elastic.coordinator.peers import PublicView, throughput
+from slurm_elastic.decide import membership as m
+from slurm_elastic.events import EventLog
+from slurm_elastic.eventtypes import Commit, Progress, Recovered
+from slurm_elastic.wire import messages as msg
+
+MAX_COMMIT_RECORDS = 10_000  # the newest commits kept for tools (MTTR, demos); events.jsonl has them all
+
+
+class Record:
+    def __init__(self, events: EventLog, *, record_commits: bool, progress_interval_s: float) -> None:
+        self.events = events
+        self._record_commits = record_commits
+        self._progress_interval_s = progress_interval_s
+        self._view = PublicView()
+        self._lock = threading.Lock()
+        self._recent: deque[Commit] = deque(maxlen=64)
+        self._last_progress = 0.0
+        self._recovering: tuple[int, float, int] | None = None  # (generation, detected at, last step)
+
+    def view(self) -> PublicView:
+        with self._lock:
+            v = self._view
+            return PublicView(
+                v.phase,
+                v.generation,
+                v.world,
+                v.last_step,
+                v.reason,
+                v.failure_traceback,
+                list(v.commits),
+                list(v.failed_after_training),
+            )
+
+    @property
+    def last_step(self) -> int:
+        return self._view.last_step
+
+    @property
+    def last_commit(self) -> Commit | None:
+        return self._recent[-1] if self._recent else None
+
+    def throughput(self) -> float | None:
+        return throughput(list(self._recent))
+
+    def publish(self, state: m.State) -> None:
+        gen = state.generation
+        with self._lock:
+            self._view.phase = state.phase
+            self._view.generation = gen.number if gen else 0
+            self._view.world = len(gen.ranks) if gen else 0
+            self._view.reason = state.reason
+
+    def recovery_began(self, generation: int, *, unless_begun: bool = False) -> None:
+        """A recovery into `generation` was detected now: the next commit of it says how long it took."""
+        if unless_begun and self._recovering is not None:
+            return
+        self._recovering = (generation, time.monotonic(), self._view.last_step)
+
+    def commit(self, c: msg.Committed) -> None:
+        now = time.time()
+        commit = Commit(c.step, c.generation, c.world, c.loss, c.time, samples=c.samples, received=now)
+        self._recent.append(commit)
+        if self._record_commits:
+            self.events.record(commit, quiet=True)
+        with self._lock:
+            self._view.commits.append(commit)
+            if len(self._view.commits) > MAX_COMMIT_RECORDS:  # a long run must not grow the coordinator
+                del self._view.commits[: len(self._view.commits) - MAX_COMMIT_RECORDS]
+            self._view.last_step = max(self._view.last_step, c.step)
+        if self._recovering is not None and c.generation >= self._recovering[0]:
+            _gen, detected, before = self._recovering
+            self._recovering = None
+            took = round(time.monotonic() - detected, 4)
+            self.events.record(Recovered(c.generation, c.step, detect_to_commit_s=took, last_step_before=before))
+        if now - self._last_progress >= self._progress_interval_s:
+            self._last_progress = now
+            self.events.record(Progress(c.step, round(c.loss, 4), c.world, c.generation, self.throughput()))
+
+    def resumed_at(self, step: int) -> int:
+        """A generation formed at `step` (rank 0 may have taken a step its peers committed before the fault):
+        the committed steps it lost."""
+        with self._lock:
+            lost = max(0, self._view.last_step - step)
+            self._view.last_step = max(self._view.last_step, step)
+        return lost
+
+    def failed(self, traceback: str) -> None:
+        with self._lock:
+            self._view.failure_traceback = traceback
+
+    def failed_after_training(self, what: str) -> None:
+        with self._lock:
+            self._view.failed_after_training.append(what)
