@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 CLUSTER := $(PY) -m slurm_elastic.testing.devcluster
 PYTEST_ARGS ?=
 
-.PHONY: venv demo test lint typecheck unit cluster-up cluster-down cluster-status cluster-env clean
+.PHONY: venv demo test bench lint typecheck unit cluster-up cluster-down cluster-status cluster-env clean
 
 venv: $(STAMP)
 
@@ -37,6 +37,32 @@ test: lint typecheck
 	  SLURM_ELASTIC_REQUIRE_SLURM=1 $(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS) || rc=$$?; \
 	  $(CLUSTER) down || true; exit $$rc
 
+# Every benchmark, one after another on this machine (about an hour on 2 cores), each writing its JSON into
+# docs/bench/ (a file is replaced only by a run that succeeded), then docs/benchmarks.md and its plots.
+SE := $(VENV)/bin/slurm-elastic
+BENCH := docs/bench
+define bench_json
+	$(1) > $(BENCH)/$(2).part && mv $(BENCH)/$(2).part $(BENCH)/$(2)
+endef
+
+bench: $(STAMP)
+	$(call bench_json,$(SE) bench mttr --json,mttr.json)
+	$(call bench_json,$(SE) chaos --json --losses,chaos.json)
+	$(call bench_json,$(SE) bench overhead --json,overhead.json)
+	for n in 256 1024 2048 4096; do \
+	  $(SE) bench coordinator --agents $$n --json > $(BENCH)/coordinator-$$n.json.part && \
+	  mv $(BENCH)/coordinator-$$n.json.part $(BENCH)/coordinator-$$n.json || exit 1; done
+	$(call bench_json,$(SE) bench rendezvous --json,rendezvous.json)
+	$(CLUSTER) up
+	set -o pipefail; rc=0; \
+	  { $(SE) bench mttr --slurm --kills 3 --json > $(BENCH)/mttr-slurm.json.part && \
+	    mv $(BENCH)/mttr-slurm.json.part $(BENCH)/mttr-slurm.json && \
+	    $(SE) bench notify --json > $(BENCH)/notify.json.part && \
+	    mv $(BENCH)/notify.json.part $(BENCH)/notify.json; } || rc=$$?; \
+	  $(CLUSTER) down || true; exit $$rc
+	$(call bench_json,$(SE) simulate --gpus 16384 --json --plot $(BENCH)/goodput.png,simulate.json)
+	$(SE) bench report
+
 unit: $(STAMP)
 	$(PY) -m pytest -q -m 'not slurm' $(PYTEST_ARGS)
 
@@ -53,4 +79,4 @@ cluster-env: $(STAMP)
 	@$(CLUSTER) env
 
 clean:
-	rm -rf $(VENV) .cluster build *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .cluster build *.egg-info .pytest_cache .mypy_cache .ruff_cache $(BENCH)/*.part

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from slurm_elastic.commands.common import fail, print_result
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("bench", help="benchmarks (mttr, overhead, rendezvous, notify)", description=__doc__)
+    p = sub.add_parser(
+        "bench", help="benchmarks (mttr, overhead, coordinator, rendezvous, notify)", description=__doc__
+    )
     which = p.add_subparsers(dest="bench", required=True, metavar="BENCHMARK")
     mttr = which.add_parser("mttr", help="recovery time after a node's SIGKILL: elastic vs checkpoint-restart")
     mttr.add_argument("--json", action="store_true", help="print one JSON object")
@@ -40,6 +43,23 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     rendezvous.add_argument("--processes", type=int, default=4, help="processes that play the simulated ranks")
     rendezvous.add_argument("--rounds", type=int, default=3, help="generations formed per world (median)")
     rendezvous.set_defaults(func=run_rendezvous)
+    coordinator = which.add_parser(
+        "coordinator", help="the coordinator under thousands of simulated nodes: detection, formation, CPU, memory"
+    )
+    coordinator.add_argument("--json", action="store_true", help="print one JSON object")
+    coordinator.add_argument("--agents", type=int, default=256, help="simulated nodes (1 to 4096)")
+    coordinator.add_argument("--workers", type=int, default=1, help="workers per node (1 to 8)")
+    coordinator.add_argument("--processes", type=int, default=4, help="processes that play the simulated nodes")
+    coordinator.add_argument("--kills", type=int, default=10, help="nodes whose connections close, one at a time")
+    coordinator.add_argument("--silences", type=int, default=5, help="nodes that fall silent, 1 s apart")
+    coordinator.add_argument("--drains", type=int, default=3)
+    coordinator.add_argument("--joins", type=int, default=3)
+    coordinator.add_argument("--steady-s", type=float, default=10.0, help="seconds of steady state measured")
+    coordinator.set_defaults(func=run_coordinator)
+    report = which.add_parser("report", help="docs/benchmarks.md and its plots, from the benchmarks' JSON files")
+    report.add_argument("--dir", type=Path, default=Path("docs/bench"), help="the benchmarks' JSON files")
+    report.add_argument("--out", type=Path, default=Path("docs/benchmarks.md"))
+    report.set_defaults(func=run_report)
     from slurm_elastic.hooks import bench as notify
 
     notify.add_parser(which)
@@ -97,4 +117,29 @@ def run_rendezvous(args: argparse.Namespace) -> int:
     plan = RendezvousPlan(worlds["nccl_worlds"], worlds["gloo_worlds"], processes=args.processes, rounds=args.rounds)
     result = run(plan, lambda line: print(line, file=sys.stderr, flush=True))
     print_result(result, args.json)
+    return 0
+
+
+def run_coordinator(args: argparse.Namespace) -> int:
+    from slurm_elastic.showcase.bench.coordinator import CoordinatorPlan, run
+
+    if not 1 <= args.agents <= 4096 or not 1 <= args.workers <= 8:
+        return fail(f"--agents {args.agents} --workers {args.workers}: expected 1 to 4096 agents of 1 to 8 workers")
+    faults = (args.kills, args.silences, args.drains, args.joins)
+    if min(faults) < 0 or args.processes < 1 or args.steady_s <= 0:
+        return fail("--kills, --silences, --drains, --joins: expected counts >= 0; --processes >= 1; --steady-s > 0")
+    if args.kills + args.silences + args.drains >= args.agents:
+        return fail(f"--agents {args.agents}: fewer than the {sum(faults[:3])} nodes the faults take away, plus one")
+    plan = CoordinatorPlan(args.agents, args.workers, args.processes, *faults, steady_s=args.steady_s)
+    result = run(plan, lambda line: print(line, file=sys.stderr, flush=True))
+    print_result(result, args.json)
+    return 0
+
+
+def run_report(args: argparse.Namespace) -> int:
+    from slurm_elastic.showcase.bench.report import write_report
+
+    if not args.dir.is_dir():
+        return fail(f"--dir {args.dir}: not a directory (the benchmarks' JSON files; `make bench` writes them)")
+    print(write_report(args.dir, args.out))
     return 0

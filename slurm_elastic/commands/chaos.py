@@ -19,6 +19,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )  # fmt: skip
     p.add_argument("--slurm", action="store_true", help="on the local Slurm cluster (see docs/operator-guide.md)")
     p.add_argument("--json", action="store_true", help="print one JSON summary")
+    p.add_argument("--losses", action="store_true", help="add each step's loss, and an uninterrupted run's")
     p.set_defaults(func=run)
 
 
@@ -29,6 +30,8 @@ def run(args: argparse.Namespace) -> int:
 
     configure_logging("json" if args.json else "console", "WARNING")
     log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
+    if args.slurm and args.losses:
+        return fail("--slurm --losses: the loss curves come from a local run; leave out --slurm")
     if args.slurm:
         from slurm_elastic.showcase.chaos_slurm import run_chaos_slurm
 
@@ -36,6 +39,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         from slurm_elastic.showcase.chaos import run_chaos
 
-        summary = run_chaos(args.seed, args.faults, nodes=args.nodes, reduce_dtype=args.reduce_dtype, log=log)
+        summary = run_chaos(
+            args.seed, args.faults, nodes=args.nodes, reduce_dtype=args.reduce_dtype, losses=args.losses, log=log
+        )
     print_result(summary, args.json)
     return 0 if summary["ok"] else 1

@@ -82,6 +82,21 @@ def reference(data: Path, steps: int, out: Path, reduce_dtype: str) -> dict[str,
     return state
 
 
+def reference_losses(data: Path, steps: int, out: Path, reduce_dtype: str) -> list[tuple[int, float, int]]:
+    """Each committed step's loss in an uninterrupted one-node run of the same example and steps."""
+    config = JobConfig(nodes=1, progress_interval_s=1e9, reduce_dtype=reduce_dtype)
+    cmd = [sys.executable, str(example()), "--data", str(data), "--steps", str(steps)]
+    job = LocalJob(cmd, config, root=out, log_dir=out / "logs").start()
+    try:
+        result = job.wait(timeout=1800)
+        commits = job.view().commits
+    finally:
+        job.stop()
+    if not result.ok:
+        raise ElasticError(f"chaos: the uninterrupted run {result.phase}: {result.reason}")
+    return [(c.step, c.loss, c.world) for c in commits]
+
+
 class _Runner:
     def __init__(self, job: LocalJob, hold: Path, log: Callable[[str], None]) -> None:
         self.job = job
@@ -137,7 +152,13 @@ class _Runner:
 
 
 def run_chaos(
-    seed: int, faults: int, *, nodes: int = 4, reduce_dtype: str = "float64", log: Callable[[str], None]
+    seed: int,
+    faults: int,
+    *,
+    nodes: int = 4,
+    reduce_dtype: str = "float64",
+    losses: bool = False,
+    log: Callable[[str], None],
 ) -> dict[str, Any]:
     started = time.monotonic()
     plan = plan_chaos(seed, faults, nodes=nodes)
@@ -160,6 +181,7 @@ def run_chaos(
             for fault in plan:
                 runner.apply(fault)
             result = job.wait(timeout=1800)
+            curve = [(c.step, c.loss, c.world) for c in job.view().commits]
             ready = runner.events("generation_ready")
             fallbacks = runner.events("checkpoint_fallback")
         finally:
@@ -168,6 +190,12 @@ def run_chaos(
             raise ElasticError(f"chaos: the job {result.phase}: {result.reason}")
         summary = verdict(data, steps, model, out, reduce_dtype, ready + fallbacks)
         struck = fired(plan, in_job)
+        if losses:  # the loss of each committed step, beside the uninterrupted run's (bench report's plot)
+            log("chaos: the uninterrupted run's losses, on one node")
+            summary["losses"] = {
+                "faulted": curve,
+                "reference": reference_losses(data, steps, out / "ref", reduce_dtype),
+            }
     faults_fired = [
         {"step": f.step, "kind": f.kind, "node": f.node, "phase": f.phase, "fired": hit}
         for f, hit in zip(plan, struck, strict=True)

@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 from slurm_elastic.errors import AuthError, ProtocolError
 from slurm_elastic.rendezvous.service import decode_value, encode_value
 from slurm_elastic.wire.channel import parse_address, proof, read_message, server_proof, write_message
-from slurm_elastic.wire.messages import Challenge, Hello, StoreOp, StoreReply, StoreRequest, Welcome
+from slurm_elastic.wire.messages import Challenge, Hello, Role, StoreOp, StoreReply, StoreRequest, Welcome
 
-__all__ = ["StoreRank", "open_store"]
+__all__ = ["StoreRank", "open_peer", "open_store"]
 
 UNIQUE_ID_BYTES = 128  # an ncclUniqueId
 ADDRESS_BYTES = 64  # a gloo rank's serialized address, about
@@ -62,8 +62,10 @@ class StoreRank:
                 self.waiting.pop(message.id).set_result(message)
 
 
-async def open_store(address: str, secret: str, job_id: str) -> StoreRank:
-    """A store connection that proved the secret and checked the coordinator's proof, as a worker's does."""
+async def open_peer(
+    address: str, secret: str, job_id: str, role: Role
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A connection in `role` that proved the secret and checked the coordinator's proof, as a worker's does."""
     host, port = parse_address(address)
     reader, writer = await asyncio.open_connection(host, port)
     challenge = await read_message(reader)
@@ -71,13 +73,18 @@ async def open_store(address: str, secret: str, job_id: str) -> StoreRank:
         raise AuthError(f"{address} is not job {job_id}'s coordinator")
     mine = secrets.token_hex(16)
     write_message(
-        writer, Hello(role="store", job_id=job_id, nonce=mine, proof=proof(secret, challenge.nonce, "store", job_id))
+        writer, Hello(role=role, job_id=job_id, nonce=mine, proof=proof(secret, challenge.nonce, role, job_id))
     )
     welcome = await read_message(reader)
-    expected = server_proof(secret, mine, challenge.nonce, "store", job_id)
+    expected = server_proof(secret, mine, challenge.nonce, role, job_id)
     if not isinstance(welcome, Welcome) or not hmac.compare_digest(expected, welcome.proof):
         raise AuthError(f"{address} did not prove job {job_id}'s secret")
-    return StoreRank(reader, writer)
+    return reader, writer
+
+
+async def open_store(address: str, secret: str, job_id: str) -> StoreRank:
+    """An authenticated store connection."""
+    return StoreRank(*await open_peer(address, secret, job_id, "store"))
 
 
 async def _round(ranks: dict[int, StoreRank], pattern: str, world: int, prefix: str) -> dict[str, float | int]:
