@@ -18,12 +18,9 @@ the last member's. Every time is the machine's one monotonic clock, read by whic
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import json
-import os
 import resource
-import subprocess
 import sys
 import tempfile
 import time
@@ -36,6 +33,7 @@ from slurm_elastic.agentspec import LEASE_TIMEOUT_S
 from slurm_elastic.coordinator import CoordinatorThread
 from slurm_elastic.coordinator.config import CoordinatorConfig
 from slurm_elastic.errors import ElasticError
+from slurm_elastic.showcase.bench import swarms
 from slurm_elastic.wire.channel import new_secret
 
 __all__ = ["CoordinatorPlan", "run"]
@@ -79,38 +77,15 @@ class Nodes:
     """The swarm processes, and which of them plays which node."""
 
     def __init__(self, address: str, secret: str, plan: CoordinatorPlan) -> None:
-        env = {**os.environ, "SLURM_ELASTIC_SECRET": secret}
-        parts = max(1, min(plan.processes, plan.agents))
-        bounds = [plan.agents * i // parts for i in range(parts + 1)]
         argv = [sys.executable, "-m", "slurm_elastic.testing.nodeswarm", "--address", address, "--job", JOB,
                 "--workers", str(plan.workers), "--step-s", str(plan.step_s)]  # fmt: skip
-        self.procs: list[subprocess.Popen[str]] = []
-        self.owner: dict[str, subprocess.Popen[str]] = {}
-        for a, b in itertools.pairwise(bounds):
-            proc = subprocess.Popen([*argv, "--nodes", f"{a}:{b}"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                    env=env, text=True)  # fmt: skip
-            self.procs.append(proc)
-            self.owner.update({f"n{i:05d}": proc for i in range(a, b)})
-        try:
-            for proc in self.procs:
-                self._line(proc)  # {"ready": n}: every node's connections made and registered
-        except BaseException:
-            self.close()
-            raise
+        ranges = swarms.shares(plan.agents, plan.processes)
+        self.procs = swarms.start(argv, "--nodes", ranges, secret, "coordinator")
+        self.owner = {f"n{i:05d}": proc for proc, (a, b) in zip(self.procs, ranges, strict=True) for i in range(a, b)}
 
-    @staticmethod
-    def _line(proc: subprocess.Popen[str]) -> dict[str, Any]:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        if not line:
-            raise ElasticError(f"bench coordinator: a swarm process ended (exit {proc.wait()})")
-        return dict(json.loads(line))
-
-    def tell(self, proc: subprocess.Popen[str], command: dict[str, Any]) -> dict[str, Any]:
-        assert proc.stdin is not None
-        proc.stdin.write(json.dumps(command) + "\n")
-        proc.stdin.flush()
-        answer = self._line(proc)
+    def tell(self, proc: swarms.Process, command: dict[str, Any]) -> dict[str, Any]:
+        swarms.send_line(proc, json.dumps(command))
+        answer = swarms.read_line(proc, "coordinator")
         if "error" in answer:
             raise ElasticError(f"bench coordinator: {answer['error']}")
         return answer
@@ -140,16 +115,7 @@ class Nodes:
         return sent, received, generations
 
     def close(self) -> None:
-        for proc in self.procs:
-            if proc.stdin is not None:
-                with contextlib.suppress(OSError):
-                    proc.stdin.close()
-        for proc in self.procs:
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        swarms.stop(self.procs)
 
 
 def announced_after(generations: dict[int, Announced], workers: set[str], since: float, how: str) -> Announced | None:

@@ -19,11 +19,7 @@ from __future__ import annotations
 
 import collections
 import datetime
-import itertools
-import json
-import os
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -38,6 +34,7 @@ from slurm_elastic.coordinator.config import CoordinatorConfig
 from slurm_elastic.coordinator.server import STORE_PREFIX
 from slurm_elastic.errors import ElasticError
 from slurm_elastic.rendezvous.client import CoordinatorStore
+from slurm_elastic.showcase.bench import swarms
 from slurm_elastic.wire.channel import new_secret
 
 __all__ = ["RendezvousPlan", "gloo_store_ops", "run"]
@@ -96,52 +93,24 @@ class _Swarm:
 
     def __init__(self, coordinator: CoordinatorThread, secret: str, pattern: str, world: int, plan: RendezvousPlan):
         self.coordinator = coordinator
-        env = {**os.environ, "SLURM_ELASTIC_SECRET": secret}
-        parts = min(plan.processes, world)
-        bounds = [world * i // parts for i in range(parts + 1)]
         argv = [sys.executable, "-m", "slurm_elastic.testing.swarm", "--address", coordinator.address,
                 "--job", JOB, "--world", str(world), "--pattern", pattern, "--rounds", str(plan.rounds),
                 "--prefix", STORE_PREFIX]  # fmt: skip
-        self.procs = [
-            subprocess.Popen(
-                [*argv, "--ranks", f"{a}:{b}"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True
-            )
-            for a, b in itertools.pairwise(bounds)
-        ]
-        for proc in self.procs:
-            self._line(proc)  # {"ready": n}: every connection made and authenticated
-
-    @staticmethod
-    def _line(proc: subprocess.Popen[str]) -> dict[str, Any]:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        if not line:
-            raise ElasticError(f"bench rendezvous: a swarm process ended (exit {proc.wait()})")
-        return dict(json.loads(line))
+        self.procs = swarms.start(argv, "--ranks", swarms.shares(world, plan.processes), secret, "rendezvous")
 
     def round(self) -> tuple[float, float, int]:
         """One generation formed by every simulated rank: (wall seconds, coordinator CPU seconds, store ops)."""
         served = lambda: sum(self.coordinator.coordinator.store.served.values())  # noqa: E731
         cpu_before, ops_before = self.coordinator.call(time.thread_time), self.coordinator.call(served)
         for proc in self.procs:
-            assert proc.stdin is not None
-            proc.stdin.write("go\n")
-            proc.stdin.flush()
-        results = [self._line(proc) for proc in self.procs]
+            swarms.send_line(proc, "go")
+        results = [swarms.read_line(proc, "rendezvous") for proc in self.procs]
         cpu = self.coordinator.call(time.thread_time) - cpu_before
         wall = max(r["ended"] for r in results) - min(r["started"] for r in results)
         return wall, cpu, self.coordinator.call(served) - ops_before
 
     def close(self) -> None:
-        for proc in self.procs:
-            if proc.stdin is not None:
-                proc.stdin.close()
-        for proc in self.procs:
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        swarms.stop(self.procs)
 
 
 def measure(pattern: str, world: int, plan: RendezvousPlan) -> dict[str, Any]:
