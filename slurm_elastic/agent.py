@@ -39,6 +39,7 @@ from slurm_elastic.lineage import become_subreaper, die_with_parent, kill_adopte
 from slurm_elastic.logs import configure_logging, drop_unwritable_output, get_logger
 from slurm_elastic.loops import start_thread
 from slurm_elastic.nodecache import remove_job_cache
+from slurm_elastic.rendezvous.relay import RelayThread
 from slurm_elastic.wire.channel import Channel, connect
 from slurm_elastic.wire.messages import (
     Ack,
@@ -97,6 +98,7 @@ class AgentConfig:
     slurm_job_id: str | None = None
     requeue_on_coordinator_loss: bool = False  # a core job's agents: losing the batch host must restart the job
     worker_env: dict[str, str] = field(default_factory=dict)
+    store_relay: bool = True  # the workers' store connections end at this agent (rendezvous.relay)
 
 
 @dataclass
@@ -120,6 +122,7 @@ class Agent:
         self._channel: Channel | None = None
         self._state = AgentState()  # every change goes through `_see` (decide.agent)
         self._last_heard = time.monotonic()
+        self._relay: RelayThread | None = None
 
     def _see(self, event: AgentEvent) -> phase.Transition:
         with self._lock:
@@ -149,6 +152,8 @@ class Agent:
                 "LOCAL_RANK": str(slot.local_rank),
             }
         )
+        if self._relay is not None:
+            env["SLURM_ELASTIC_STORE"] = self._relay.address
         if cfg.nproc > 1:
             env.setdefault("OMP_NUM_THREADS", "1")  # as torchrun does: don't oversubscribe the node's cores
         slot.expected_exit = slot.restart_due = slot.evicted = False
@@ -320,10 +325,26 @@ class Agent:
             signal.signal(sig, self._on_signal)
         start_thread("se-agent-control", self._read_loop, self._thread_died)
         start_thread("se-agent-heartbeat", self._heartbeat_loop, self._thread_died)
-        with self._lock:
-            for slot in self.slots:
-                self._spawn(slot)
-        return self._supervise()
+        self._relay = self._start_relay()
+        try:
+            with self._lock:
+                for slot in self.slots:
+                    self._spawn(slot)
+            return self._supervise()
+        finally:
+            if self._relay is not None:
+                self._relay.stop()
+
+    def _start_relay(self) -> RelayThread | None:
+        """The node's store relay; without one, the workers reach the coordinator's store themselves."""
+        cfg = self.config
+        if not cfg.store_relay:
+            return None
+        try:
+            return RelayThread(cfg.coordinator, cfg.secret, cfg.job_id).start()
+        except OSError as exc:  # no room for a Unix socket: slower rendezvous, nothing else
+            log.warning("store_relay_not_started", node=cfg.node, error=str(exc))
+            return None
 
     def _supervise(self) -> int:
         drain_deadline: float | None = None
@@ -483,6 +504,7 @@ def main(argv: list[str] | None = None) -> int:
                 lease_timeout_s=args.lease_timeout_s,
                 slurm_job_id=os.environ.get("SLURM_JOB_ID"),
                 requeue_on_coordinator_loss=args.requeue_on_coordinator_loss,
+                store_relay=os.environ.get("SLURM_ELASTIC_STORE_RELAY", "1") not in ("0", "false", "no"),
             )
         return Agent(config).run()
     except (ElasticError, OSError) as exc:

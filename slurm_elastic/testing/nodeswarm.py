@@ -27,8 +27,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from slurm_elastic.testing.swarm import open_peer
-from slurm_elastic.wire.channel import encode_frame
+from slurm_elastic.wire.channel import encode_frame, open_peer
 from slurm_elastic.wire.messages import AtBoundary, Committed, DrainRequest, Heartbeat, Register, RegisterNode
 
 __all__ = ["main"]

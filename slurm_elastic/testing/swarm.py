@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import hmac
 import json
 import os
 import resource
@@ -20,12 +19,13 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from slurm_elastic.errors import AuthError, ProtocolError
+from slurm_elastic.errors import ProtocolError
+from slurm_elastic.rendezvous.relay import Upstream
 from slurm_elastic.rendezvous.service import decode_value, encode_value
-from slurm_elastic.wire.channel import parse_address, proof, read_message, server_proof, write_message
-from slurm_elastic.wire.messages import Challenge, Hello, Role, StoreOp, StoreReply, StoreRequest, Welcome
+from slurm_elastic.wire.channel import open_peer, read_message, write_message
+from slurm_elastic.wire.messages import StoreOp, StoreReply, StoreRequest
 
-__all__ = ["StoreRank", "open_peer", "open_store"]
+__all__ = ["RelayedRank", "StoreRank", "open_node", "open_store"]
 
 UNIQUE_ID_BYTES = 128  # an ncclUniqueId
 ADDRESS_BYTES = 64  # a gloo rank's serialized address, about
@@ -45,15 +45,18 @@ class StoreRank:
     ) -> list[bytes]:
         self.ids += 1
         reply: asyncio.Future[StoreReply] = asyncio.get_running_loop().create_future()
-        self.waiting[self.ids] = reply
         request = StoreRequest(
             id=self.ids, op=op, keys=keys, values=[encode_value(v) for v in values], timeout_ms=timeout_ms
         )
-        write_message(self.writer, request)
+        self.send(request, reply)
         answer = await reply
         if not answer.ok:
             raise ProtocolError(f"store {op} {keys[:1]}: {answer.error}")
         return [decode_value(v) for v in answer.values]
+
+    def send(self, request: StoreRequest, reply: asyncio.Future[StoreReply]) -> None:
+        self.waiting[request.id] = reply
+        write_message(self.writer, request)
 
     async def read_replies(self) -> None:
         while True:
@@ -62,29 +65,28 @@ class StoreRank:
                 self.waiting.pop(message.id).set_result(message)
 
 
-async def open_peer(
-    address: str, secret: str, job_id: str, role: Role
-) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    """A connection in `role` that proved the secret and checked the coordinator's proof, as a worker's does."""
-    host, port = parse_address(address)
-    reader, writer = await asyncio.open_connection(host, port)
-    challenge = await read_message(reader)
-    if not isinstance(challenge, Challenge) or challenge.job_id != job_id:
-        raise AuthError(f"{address} is not job {job_id}'s coordinator")
-    mine = secrets.token_hex(16)
-    write_message(
-        writer, Hello(role=role, job_id=job_id, nonce=mine, proof=proof(secret, challenge.nonce, role, job_id))
-    )
-    welcome = await read_message(reader)
-    expected = server_proof(secret, mine, challenge.nonce, role, job_id)
-    if not isinstance(welcome, Welcome) or not hmac.compare_digest(expected, welcome.proof):
-        raise AuthError(f"{address} did not prove job {job_id}'s secret")
-    return reader, writer
+@dataclass
+class RelayedRank(StoreRank):
+    """A simulated rank of a node whose store connections end at the node's relay: its requests go through
+    the relay's real `Upstream` (merging included), handed over in this process; the hop from a worker to
+    its node's relay, which each node pays on its own cores, is not played."""
+
+    upstream: Upstream | None = None
+
+    def send(self, request: StoreRequest, reply: asyncio.Future[StoreReply]) -> None:
+        assert self.upstream is not None
+        self.upstream.call(request, reply.set_result)
 
 
 async def open_store(address: str, secret: str, job_id: str) -> StoreRank:
     """An authenticated store connection."""
     return StoreRank(*await open_peer(address, secret, job_id, "store"))
+
+
+async def open_node(address: str, secret: str, job_id: str, ranks: int) -> tuple[Upstream, list[RelayedRank]]:
+    """`ranks` simulated ranks of one node, behind its relay's one connection to the coordinator's store."""
+    upstream = Upstream(*await open_peer(address, secret, job_id, "store"))
+    return upstream, [RelayedRank(upstream.reader, upstream.writer, upstream=upstream) for _ in range(ranks)]
 
 
 async def _round(ranks: dict[int, StoreRank], pattern: str, world: int, prefix: str) -> dict[str, float | int]:
@@ -119,9 +121,17 @@ async def _main(args: argparse.Namespace) -> None:
     secret = os.environ["SLURM_ELASTIC_SECRET"]
     first, last = (int(x) for x in args.ranks.split(":"))
     ranks: dict[int, StoreRank] = {}
-    for rank in range(first, last):  # one at a time: the coordinator admits a bounded number of handshakes
-        ranks[rank] = await open_store(args.address, secret, args.job)
-    readers = [asyncio.create_task(conn.read_replies()) for conn in ranks.values()]
+    readers = []
+    # One connection at a time: the coordinator admits a bounded number of handshakes.
+    if args.per_node:
+        for node_first in range(first, last, args.per_node):
+            upstream, node = await open_node(args.address, secret, args.job, min(args.per_node, last - node_first))
+            ranks.update(zip(range(node_first, last), node, strict=False))
+            readers.append(asyncio.create_task(upstream.read_replies()))
+    else:
+        for rank in range(first, last):
+            ranks[rank] = await open_store(args.address, secret, args.job)
+        readers = [asyncio.create_task(conn.read_replies()) for conn in ranks.values()]
     loop = asyncio.get_running_loop()
     print(json.dumps({"ready": len(ranks)}), flush=True)
     for generation in range(1, args.rounds + 1):
@@ -145,6 +155,7 @@ def main() -> None:
     parser.add_argument("--pattern", choices=("nccl", "gloo"), required=True)
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--prefix", default="rdzv", help="the store's generation keys start <prefix>/g<N>/")
+    parser.add_argument("--per-node", type=int, default=0, help="ranks per node behind one relay (0: none)")
     args = parser.parse_args()
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # a connection per rank

@@ -42,6 +42,7 @@ MAX_PENDING_HANDSHAKES = 64
 # Why the coordinator refused a handshake: what its events say, instead of anything the peer sent.
 REFUSAL_CATEGORIES = ("timeout", "oversized frame", "malformed hello", "not a hello", "wrong job", "bad proof")
 _HEADER = struct.Struct(">I")
+UNIX_PREFIX = "unix:"  # an address of a Unix socket (a node's store relay); unix:@NAME is an abstract one
 
 
 def new_secret() -> Secret:
@@ -172,11 +173,31 @@ def connect(
         pause = min(2 * pause, 1.0)
 
 
-def _connect_once(address: str, secret: str, job_id: str, role: Role, timeout: float) -> Channel:
-    host, port = parse_address(address)
-    sock = socket.create_connection((host, port), timeout=timeout)
-    deadline = time.monotonic() + HANDSHAKE_TIMEOUT_S  # one bound for the whole exchange, never one per read
+def unix_path(address: str) -> str:
+    """The socket path of `unix:PATH`; `unix:@NAME` names an abstract socket (Linux: no file at all)."""
+    path = address.removeprefix(UNIX_PREFIX)
+    return "\0" + path[1:] if path.startswith("@") else path
+
+
+def _open_socket(address: str, timeout: float) -> socket.socket:
+    """A TCP connection to HOST:PORT, or to the Unix socket of `unix:PATH` (a node's store relay)."""
+    if address.startswith(UNIX_PREFIX):
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(timeout)
+            sock.connect(unix_path(address))
+        except BaseException:
+            sock.close()
+            raise
+        return sock
+    sock = socket.create_connection(parse_address(address), timeout=timeout)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
+
+
+def _connect_once(address: str, secret: str, job_id: str, role: Role, timeout: float) -> Channel:
+    sock = _open_socket(address, timeout)
+    deadline = time.monotonic() + HANDSHAKE_TIMEOUT_S  # one bound for the whole exchange, never one per read
     channel = Channel(sock)
     try:
         challenge = _recv_unauthenticated(channel, deadline, address, "challenge")
@@ -239,6 +260,32 @@ async def read_message(reader: asyncio.StreamReader, max_frame: int | None = Non
 
 def write_message(writer: asyncio.StreamWriter, msg: BaseModel) -> None:
     writer.write(encode_frame(msg))
+
+
+async def open_peer(
+    address: str, secret: str, job_id: str, role: Role
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """The client side of the handshake on asyncio (a node's store relay, the benchmarks' simulated peers):
+    a TCP connection in `role` that proved the secret and checked the coordinator's proof, all within
+    HANDSHAKE_TIMEOUT_S."""
+    host, port = parse_address(address)
+    reader, writer = await asyncio.open_connection(host, port)
+    try:
+        async with asyncio.timeout(HANDSHAKE_TIMEOUT_S):
+            challenge = await read_message(reader, PREAUTH_MAX_FRAME)
+            if not isinstance(challenge, Challenge) or challenge.job_id != job_id:
+                raise AuthError(f"{address} is not job {job_id!r}'s coordinator")
+            mine = secrets.token_hex(16)
+            nonce = challenge.nonce
+            write_message(writer, Hello(role=role, job_id=job_id, nonce=mine, proof=proof(secret, nonce, role, job_id)))
+            welcome = await read_message(reader, PREAUTH_MAX_FRAME)
+        expected = server_proof(secret, mine, nonce, role, job_id)
+        if not isinstance(welcome, Welcome) or not hmac.compare_digest(expected, welcome.proof):
+            raise AuthError(f"{address} did not prove job {job_id!r}'s secret")
+    except BaseException:
+        writer.close()
+        raise
+    return reader, writer
 
 
 async def accept_handshake(

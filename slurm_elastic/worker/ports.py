@@ -44,7 +44,9 @@ ArmFaults = Callable[[PhaseHooks, Any], None]
 
 
 ControlFactory = Callable[[str, str, Identity, Interrupt], Control]
-StoreFactory = Callable[[str, str, str, float], Any]  # (coordinator address, secret, job id, timeout_s) -> a Store
+StoreFactory = Callable[
+    [str, str, str, float], Any
+]  # (the store's address: the node's relay or the coordinator, secret, job id, timeout_s) -> a Store
 GroupFactory = Callable[..., Group]  # Group.form's signature
 
 

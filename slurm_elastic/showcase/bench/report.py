@@ -269,20 +269,33 @@ def _rendezvous(r: Report) -> None:
     if d is None:
         r.missing("rendezvous")
         return
-    r.lines += ["| backend | ranks | store ops | form (s) | measured |", "|---|---|---|---|---|"]
+    per_node = d.get("ranks_per_node")
+    via = lambda x: f"relay per {per_node} ranks" if x.get("relay") else "direct"  # noqa: E731
+    r.lines += [
+        "| backend | store connections | ranks | store ops | form (s) | measured |",
+        "|---|---|---|---|---|---|",
+    ]
     for x in d["results"]:
-        r.lines.append(f"| {x['backend']} | {x['ranks']:,} | {x['store_ops']:,} | {x['form_s']} | {x['measured']} |")
-    r.lines += ["", f"Target: NCCL at 16,384 ranks <= {d['target_nccl_16384_form_s']} s. " + r.stamp("rendezvous"), ""]
+        r.lines.append(f"| {x['backend']} | {via(x)} | {x['ranks']:,} | {x['store_ops']:,} | {x['form_s']} "
+                       f"| {x['measured']} |")  # fmt: skip
+    r.lines += ["", f"Target: NCCL at 16,384 ranks <= {d['target_nccl_16384_form_s']} s (the agents run relays: "
+                f"{d.get('nccl_16384_form_s')} s; direct {d.get('nccl_16384_form_s_direct')} s). "
+                + r.stamp("rendezvous"), ""]  # fmt: skip
 
     def draw(ax: Any) -> None:
-        for k, backend in enumerate(("nccl", "gloo")):
-            rows = sorted((x for x in d["results"] if x["backend"] == backend), key=lambda x: x["ranks"])
-            ax.plot([x["ranks"] for x in rows], [x["form_s"] for x in rows], color=f"C{k}", lw=0.8)
+        lines = [(b, relay) for b in ("nccl", "gloo") for relay in (False, True)]
+        for k, (backend, relay) in enumerate(lines):
+            rows = sorted((x for x in d["results"] if x["backend"] == backend and bool(x.get("relay")) == relay),
+                          key=lambda x: x["ranks"])  # fmt: skip
+            if not rows:
+                continue
+            ax.plot([x["ranks"] for x in rows], [x["form_s"] for x in rows], color=f"C{k}", lw=0.8,
+                    ls="-" if relay else "--")  # fmt: skip
             for measured in (True, False):
                 pts = [x for x in rows if x["measured"] is measured]
                 ax.scatter([x["ranks"] for x in pts], [x["form_s"] for x in pts], color=f"C{k}",
                            facecolors=f"C{k}" if measured else "none",
-                           label=f"{backend} ({'measured' if measured else 'projected'})")  # fmt: skip
+                           label=f"{backend}, {via(rows[0])} ({'measured' if measured else 'projected'})")  # fmt: skip
         ax.axhline(d["target_nccl_16384_form_s"], color="k", ls=":", lw=0.8)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")

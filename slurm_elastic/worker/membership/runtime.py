@@ -198,7 +198,8 @@ class Runtime:
         # abandoned rendezvous left blocked, so no helper thread waits on it for the group timeout.
         env = self.env
         try:
-            self.store = self.ports.store(env.coordinator or "", env.secret, env.job_id, settings.pg_timeout_s)
+            address = env.store or env.coordinator or ""  # the node's relay where the agent runs one
+            self.store = self.ports.store(address, env.secret, env.job_id, settings.pg_timeout_s)
         except (OSError, RuntimeError, ElasticError) as exc:  # torch's DistStoreError is a RuntimeError
             raise CollectiveFailed(f"rendezvous store of generation {ann.generation}: {exc}") from exc
         self.group = self.ports.groups(
