@@ -293,6 +293,8 @@ def _rendezvous(r: Report) -> None:
                     ls="-" if relay else "--")  # fmt: skip
             for measured in (True, False):
                 pts = [x for x in rows if x["measured"] is measured]
+                if not pts:
+                    continue
                 ax.scatter([x["ranks"] for x in pts], [x["form_s"] for x in pts], color=f"C{k}",
                            facecolors=f"C{k}" if measured else "none",
                            label=f"{backend}, {via(rows[0])} ({'measured' if measured else 'projected'})")  # fmt: skip
