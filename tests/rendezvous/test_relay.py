@@ -15,24 +15,15 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from slurm_elastic.coordinator import CoordinatorConfig, CoordinatorThread
+from slurm_elastic.coordinator import CoordinatorThread
 from slurm_elastic.coordinator.server import STORE_PREFIX
 from slurm_elastic.rendezvous.client import CoordinatorStore
 from slurm_elastic.rendezvous.relay import RelayThread
 from slurm_elastic.wire import channel as ch
 
+from .conftest import JOB, key
+
 pytestmark = pytest.mark.timeout(60)
-JOB = "relay-test"
-
-
-@pytest.fixture
-def coordinator() -> Iterator[tuple[CoordinatorThread, str]]:
-    secret = ch.new_secret()
-    thread = CoordinatorThread(CoordinatorConfig(job_id=JOB, secret=secret, expected_workers=4)).start()
-    try:
-        yield thread, secret
-    finally:
-        thread.stop()
 
 
 @contextlib.contextmanager
@@ -52,10 +43,6 @@ def client(address: str, secret: str, timeout_s: float = 10.0) -> Iterator[Coord
         yield store
     finally:
         store.close()
-
-
-def key(generation: int, name: str) -> str:
-    return f"{STORE_PREFIX}/g{generation}/{name}"
 
 
 def served(thread: CoordinatorThread, op: str) -> int:

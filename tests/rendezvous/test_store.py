@@ -15,24 +15,15 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from slurm_elastic.coordinator import CoordinatorConfig, CoordinatorThread
+from slurm_elastic.coordinator import CoordinatorThread
 from slurm_elastic.coordinator.server import STORE_PREFIX
 from slurm_elastic.rendezvous.client import CoordinatorStore
 from slurm_elastic.wire import channel as ch
 from slurm_elastic.wire import messages as msg
 
+from .conftest import JOB, key
+
 pytestmark = pytest.mark.timeout(60)
-JOB = "store-test"
-
-
-@pytest.fixture
-def coordinator() -> Iterator[tuple[CoordinatorThread, str]]:
-    secret = ch.new_secret()
-    thread = CoordinatorThread(CoordinatorConfig(job_id=JOB, secret=secret, expected_workers=2)).start()
-    try:
-        yield thread, secret
-    finally:
-        thread.stop()
 
 
 @contextlib.contextmanager
@@ -43,10 +34,6 @@ def client(coordinator: tuple[CoordinatorThread, str], timeout_s: float = 10.0) 
         yield store
     finally:
         store.close()
-
-
-def key(generation: int, name: str) -> str:
-    return f"{STORE_PREFIX}/g{generation}/{name}"
 
 
 def test_the_torch_store_calls(coordinator: tuple[CoordinatorThread, str]) -> None:
