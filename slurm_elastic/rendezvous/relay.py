@@ -53,7 +53,6 @@ class Upstream:
         self._in_flight: dict[tuple[object, ...], int] = {}  # a mergeable read -> its upstream id
         self._read_of: dict[int, tuple[object, ...]] = {}
         self.lost: str | None = None
-        self.forwarded = 0
         self.merged = 0
 
     def call(self, request: StoreRequest, deliver: Deliver) -> None:
@@ -73,7 +72,6 @@ class Upstream:
             self._in_flight[read] = upstream_id
             self._read_of[upstream_id] = read
         write_message(self.writer, request.model_copy(update={"id": upstream_id}))
-        self.forwarded += 1
 
     async def read_replies(self) -> None:
         """Hand each reply to its callers until the connection ends; then every call in flight fails."""
