@@ -23,6 +23,7 @@ class Peer:
     pid: int = 0
     slurm_job: str | None = None
     assigned: int = 0  # the last generation whose assign it was sent: the next may come as a change of it
+    generation: int = 0  # the generation of its last heartbeat (a worker's)
 
 
 @dataclass

@@ -27,6 +27,7 @@ from slurm_elastic.coordinator.record import Record
 from slurm_elastic.decide import membership as m
 from slurm_elastic.decide.failures import ExitRecord, identical_failure_verdict, never_joined_verdict, record_failure
 from slurm_elastic.decide.health import Liveness, find_unresponsive, stalled_for
+from slurm_elastic.decide.loops import LoopSettings, loop_difference, step_running
 from slurm_elastic.errors import InvalidMessage, ProtocolError
 from slurm_elastic.events import EventLog
 from slurm_elastic.eventtypes import (
@@ -112,6 +113,7 @@ class Coordinator:
         self._agent_nproc: dict[str, int] = {}  # training processes each node's agent starts
         self.agent_registrations: Counter[str] = Counter()  # agents registered per node, over the job
         self._final_exits: list[ExitRecord] = []  # processes that ended for good before the job ran
+        self._first_loop: tuple[str, LoopSettings] | None = None  # every worker's loop must be this one
         self.pool_keep_pending = 0  # read by the Slurm launcher, set by `grow --keep-pending`
         self.pool_partition: str | None = None
         self.drained_nodes: set[str] = set()  # every node ever asked to leave: never relaunched
@@ -185,8 +187,11 @@ class Coordinator:
     def _on_worker_message(self, wid: str, peer: Peer, message: msg.Message) -> None:
         match message:
             case msg.Heartbeat():
+                peer.generation = message.generation
                 if (message.step, message.phase) != (peer.step, peer.phase):
                     peer.step, peer.phase, peer.phase_since = message.step, message.phase, time.monotonic()
+                    if self.state.ended:
+                        self._check_went_on(wid, peer)
             case msg.Committed():
                 self.record.commit(message)
             case msg.AtBoundary():
@@ -202,11 +207,33 @@ class Coordinator:
             case msg.Failure():
                 self._on_failure(message)
             case msg.Finished():
-                self._feed(m.Done(wid))
+                first = not self.state.ended
+                self._feed(m.Done(wid, message.generation, message.step, message.how))
+                if first and self.state.ended:  # from now on, a member running past that step is an error
+                    for w in self.state.members:
+                        if (other := self.workers.get(w)) is not None:
+                            self._check_went_on(w, other)
+            case msg.StopAsked():
+                self._feed(m.StopAsked(wid, message.reason))
+            case msg.LoopOpened():
+                self._on_loop_opened(wid, message.settings)
             case msg.DrainRequest():
                 self._on_drain(message)
             case _:
                 raise ProtocolError(f"unexpected {message.type!r} from worker {wid}")
+
+    def _check_went_on(self, wid: str, peer: Peer) -> None:
+        """A member whose heartbeat shows it past the step where another member's loop ended."""
+        end = next(iter(self.state.ended.values()), None)
+        running = step_running(peer.step, peer.phase)
+        if end is not None and running > end.step and self.state.phase == "running":
+            self._feed(m.WentOn(wid, peer.generation, running))
+
+    def _on_loop_opened(self, wid: str, settings: LoopSettings) -> None:
+        if self._first_loop is None:
+            self._first_loop = (wid, settings)
+        elif (difference := loop_difference(*self._first_loop, wid, settings)) is not None:
+            self._feed(m.Abort(difference))
 
     async def serve_agent(
         self, reg: msg.RegisterNode, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
@@ -256,7 +283,7 @@ class Coordinator:
         """Exits the job must not miss: before anyone joined (a wrong command) or after training (a script
         that failed at its end)."""
         joined = e.worker_id in self._registered
-        if e.returncode != 0 and e.worker_id in self.state.finished:
+        if e.returncode != 0 and e.worker_id in self.state.ended:
             self.record.failed_after_training(f"{e.worker_id} exited with {e.returncode}")
         if self.state.phase != "rendezvous" or e.will_restart:
             return
@@ -377,6 +404,7 @@ class Coordinator:
             case m.RestartAll():
                 gen = before.generation
                 self.record.recovery_began((gen.number if gen else 0) + 1)
+                self._first_loop = None  # every worker starts its script again
                 self.events.record(RestartAll(action.reason, tuple(sorted(self.agents))))
                 if action.fallback:
                     self._run_offset += 1  # a new run of the ledger: the replayed steps count once
@@ -502,8 +530,8 @@ class Coordinator:
         agents = [
             Liveness(n, p.last_seen, 0, "agent", p.last_seen) for n, p in self.agents.items() if p.last_seen < lease_cut
         ]
-        finished = self.state.finished
-        peers = [(w, p) for w in self.state.members if (p := self.workers.get(w)) is not None and w not in finished]
+        ended = self.state.ended
+        peers = [(w, p) for w in self.state.members if (p := self.workers.get(w)) is not None and w not in ended]
         hung = any(p.phase == "compute" and p.phase_since < hang_cut for _, p in peers)
         members = [
             Liveness(w, p.last_seen, p.step, p.phase, p.phase_since)

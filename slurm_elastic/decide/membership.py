@@ -4,6 +4,11 @@ The coordinator feeds it events (a worker registered, workers were lost, nodes m
 reached a step boundary, a worker finished, time passed) and carries out the actions it returns. It never
 sleeps, reads a clock or touches a socket, so every path is tested without processes.
 
+A job ends when every member's training loop has ended at the same committed step (`Done`); a member
+whose loop ended keeps its place, heals peers in any later generation and reports again, so the end waits
+for whoever is behind. Members that end at different steps, or one that goes on past another's end
+(`WentOn`), fail the job with both sides named: their loops disagree, and waiting would hang.
+
 Two kinds of change:
 - abrupt (a member was lost): generation g+1 starts at once; survivors abort the step in flight and
   re-run it, so the change costs no committed step;
@@ -48,17 +53,26 @@ class Policy:
 
 
 @dataclass(frozen=True)
+class LoopEnd:
+    """Where a member's training loop ended: its committed step, and how (for the messages)."""
+
+    step: int
+    how: str = ""
+
+
+@dataclass(frozen=True)
 class State:
     phase: Phase = "rendezvous"
     generation: Generation | None = None
     workers: Mapping[str, Worker] = field(default_factory=dict)
     draining: frozenset[str] = frozenset()
     change_requested: bool = False
-    finished: frozenset[str] = frozenset()
+    ended: Mapping[str, LoopEnd] = field(default_factory=dict)  # members of this generation whose loop ended
     rendezvous_since: float = 0.0
     expected_override: int | None = None
     reason: str = ""
     at_boundary: frozenset[str] = frozenset()  # members of this generation that reported a suspending boundary
+    stop_asked: str | None = None  # a member asked the job to end at the next step boundary (`job.stop()`)
 
     @property
     def members(self) -> tuple[str, ...]:
@@ -67,7 +81,7 @@ class State:
     @property
     def joiners(self) -> tuple[str, ...]:
         members = set(self.members)
-        return tuple(w for w in self.workers if w not in members and w not in self.finished)
+        return tuple(w for w in self.workers if w not in members)
 
 
 # --- events -----------------------------------------------------------------------------------------
@@ -118,7 +132,29 @@ class StateLost:
 
 @dataclass(frozen=True)
 class Done:
+    """A member's training loop ended at committed `step` of `generation`; it waits for the others'."""
+
     worker_id: str
+    generation: int
+    step: int
+    how: str = ""
+
+
+@dataclass(frozen=True)
+class WentOn:
+    """A member runs `step` of `generation` while another member's loop has ended before it."""
+
+    worker_id: str
+    generation: int
+    step: int
+
+
+@dataclass(frozen=True)
+class StopAsked:
+    """A member asks every member to end its loop at the next step boundary (`job.stop()`)."""
+
+    worker_id: str
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -131,7 +167,7 @@ class Abort:
     reason: str
 
 
-Event = Joined | Lost | Drain | ReachedBoundary | Faulted | StateLost | Done | Tick | Abort
+Event = Joined | Lost | Drain | ReachedBoundary | Faulted | StateLost | Done | WentOn | StopAsked | Tick | Abort
 
 # --- actions ----------------------------------------------------------------------------------------
 
@@ -233,6 +269,10 @@ def decide(state: State, event: Event, now: float, policy: Policy) -> Outcome:
             return _state_lost(state, event, now, policy)
         case Done():
             return _done(state, event)
+        case WentOn():
+            return _went_on(state, event)
+        case StopAsked():
+            return _stop_asked(state, event)
         case Tick():
             return _tick(state, now, policy)
         case Abort():
@@ -258,6 +298,8 @@ def _start(state: State, cause: str, reason: str) -> Outcome:
         change_requested=False,
         expected_override=None,
         at_boundary=frozenset(),
+        ended={},
+        stop_asked=None,  # every worker starts again: its script decides again
     )
     return Outcome(new, (Announce(gen, (), ranks, ()),), reason)
 
@@ -299,11 +341,10 @@ def _abrupt(state: State, lost: set[str], leaving: set[str], cause: str, policy:
     assert gen is not None
     gone = lost | leaving
     workers = {k: v for k, v in state.workers.items() if k not in gone}
-    survivors = [w for w in gen.ranks if w not in gone and w not in state.finished]
-    base = replace(state, workers=workers, finished=state.finished - gone)
-    if not survivors and state.finished:
-        reason = "every remaining member finished training"
-        return Outcome(replace(base, phase="finished", reason=reason), (Complete(reason),), reason)
+    survivors = [w for w in gen.ranks if w not in gone]
+    base = replace(state, workers=workers, ended={w: e for w, e in state.ended.items() if w not in gone})
+    if survivors and all(w in base.ended for w in survivors):  # each holds the step it ended at
+        return _complete(base, f"every remaining member's loop ended ({cause} took the others)")
     if not survivors and policy.checkpoint_fallback and policy.recovery == "in_process":
         # Every holder of the state is gone: restart the workers that remain from the latest checkpoint.
         reason = f"all members lost ({cause}); no peer holds the training state: resuming from the latest checkpoint"
@@ -329,14 +370,21 @@ def _abrupt(state: State, lost: set[str], leaving: set[str], cause: str, policy:
         drained, draining = set(), state.draining
     draining = _hosting(draining, workers)
     members = set(gen.ranks)  # a set: this runs once per lost worker, over every worker
-    joiners = [workers[w] for w in workers if w not in members and w not in state.finished]
+    joiners = [workers[w] for w in workers if w not in members]
     ranks = order_ranks(survivors, joiners)
     new_gen = Generation(gen.number + 1, ranks, None, cause)
     # Every survivor is on a draining node: they stay for now, and the drain still needs a boundary of g+1.
     pending = any(workers[w].node in draining for w in ranks)
     new = replace(
-        base, generation=new_gen, workers=workers, draining=draining, change_requested=pending, at_boundary=frozenset()
+        base,
+        generation=new_gen,
+        workers=workers,
+        draining=draining,
+        change_requested=pending or base.stop_asked is not None,
+        at_boundary=frozenset(),
+        ended={},
     )
+    pending = new.change_requested
     left = tuple(sorted(lost | leaving | drained))
     announce = Announce(new_gen, tuple(sorted(leaving | drained)), tuple(j.worker_id for j in joiners), left)
     actions: tuple[Action, ...] = (announce, RequestBoundary(new_gen.number)) if pending else (announce,)
@@ -368,7 +416,7 @@ def _lost(state: State, event: Lost, now: float, policy: Policy) -> Outcome:
     known = set(event.worker_ids) & set(state.workers)
     if not known:
         return Outcome(state, (), "lost workers were not part of the job")
-    members_lost = known & set(state.members) - state.finished
+    members_lost = known & set(state.members)
     if state.phase == "rendezvous" or not members_lost:
         workers = {k: v for k, v in state.workers.items() if k not in known}
         return Outcome(replace(state, workers=workers), (), f"{', '.join(sorted(known))} gone before joining")
@@ -404,16 +452,20 @@ def _boundary(state: State, event: ReachedBoundary) -> Outcome:
     if state.phase != "running" or gen is None or event.generation != gen.number:
         return Outcome(state, (), f"stale boundary report for generation {event.generation}")
     drained = {w for w in gen.ranks if w in state.workers and state.workers[w].node in state.draining}
-    staying = [w for w in gen.ranks if w not in drained and w not in state.finished]
+    staying = [w for w in gen.ranks if w not in drained]
     joiners = [state.workers[w] for w in state.joiners]
-    if not staying:
+    if not staying or state.stop_asked is not None:
         # Stop only once every member holds that step: a Stop interrupts a member still reducing it, and the
         # suspension checkpoint must be written by a member that committed it.
         reported = state.at_boundary | {event.worker_id}
-        behind = [w for w in gen.ranks if w in state.workers and w not in state.finished and w not in reported]
+        behind = [w for w in gen.ranks if w in state.workers and w not in state.ended and w not in reported]
+        what = "ending" if staying else "suspending"
         if behind:
-            reason = f"suspending after step {event.step}: waiting for {', '.join(behind)} to reach it"
+            reason = f"{what} after step {event.step}: waiting for {', '.join(behind)} to reach it"
             return Outcome(replace(state, at_boundary=reported), (), reason)
+        if staying:  # every member's loop ends there
+            ended = {w: LoopEnd(event.step, "job.stop()") for w in gen.ranks}
+            return _complete(replace(state, ended=ended), f"stopped after step {event.step}: {state.stop_asked}")
         reason = f"every member is leaving ({sorted(state.draining)}); suspending after step {event.step}"
         new = replace(state, phase="suspended", reason=reason)
         return Outcome(new, (Suspend(reason, event.step),), reason)
@@ -429,19 +481,74 @@ def _boundary(state: State, event: ReachedBoundary) -> Outcome:
         change_requested=False,
         draining=_hosting(state.draining - drained_nodes, workers),
         at_boundary=frozenset(),
+        ended={},
     )
     left = tuple(sorted(drained))
     announce = Announce(new_gen, left, tuple(j.worker_id for j in joiners), left)
     return Outcome(new, (announce,), f"after step {event.step}: world {len(gen.ranks)} -> {len(ranks)}")
 
 
+def _complete(state: State, reason: str) -> Outcome:
+    return Outcome(replace(state, phase="finished", reason=reason), (Complete(reason),), reason)
+
+
+def _fail(state: State, reason: str) -> Outcome:
+    return Outcome(replace(state, phase="failed", reason=reason), (Fail(reason),), reason)
+
+
+def _current(state: State, generation: int, worker_id: str) -> bool:
+    """The report is from a member of the running generation (else it is stale, or from a stranger)."""
+    gen = state.generation
+    return state.phase == "running" and gen is not None and gen.number == generation and worker_id in gen.ranks
+
+
+LOOPS_AGREE = (
+    "every rank must leave its loop at the same step: a condition all ranks compute alike (the same "
+    "total_steps, a test of job.step), or job.stop() for a decision one rank makes"
+)
+
+
 def _done(state: State, event: Done) -> Outcome:
-    finished = state.finished | {event.worker_id}
-    new = replace(state, finished=finished)
-    if state.phase == "running" and set(state.members) <= finished:
-        reason = "every member finished training"
-        return Outcome(replace(new, phase="finished", reason=reason), (Complete(reason),), reason)
-    return Outcome(new, (), f"{event.worker_id} finished")
+    who = event.worker_id
+    if not _current(state, event.generation, who):
+        return Outcome(state, (), f"loop end of {who} in generation {event.generation} ignored: not current")
+    end = LoopEnd(event.step, event.how)
+    other = next(((w, e) for w, e in state.ended.items() if e.step != end.step), None)
+    if other is not None:
+        w, e = other
+        both = f"{_where(w, e)}, {_where(who, end)}"
+        return _fail(state, f"the training loops ended at different steps: {both}; {LOOPS_AGREE}")
+    ended = {**state.ended, who: end}
+    new = replace(state, ended=ended)
+    if all(w in ended for w in new.members):
+        return _complete(new, f"every member's loop ended at step {end.step} ({end.how or 'its end'})")
+    return Outcome(new, (), f"{who}'s loop ended at step {end.step}: {len(ended)} of {len(new.members)} members")
+
+
+def _where(worker_id: str, end: LoopEnd) -> str:
+    return f"{worker_id} at step {end.step}" + (f" ({end.how})" if end.how else "")
+
+
+def _went_on(state: State, event: WentOn) -> Outcome:
+    who = event.worker_id
+    if not _current(state, event.generation, who):
+        return Outcome(state, (), f"progress of {who} in generation {event.generation} ignored: not current")
+    before = next(((w, e) for w, e in state.ended.items() if e.step < event.step), None)
+    if before is None:
+        return Outcome(state, (), f"{who} runs step {event.step}: no loop ended before it")
+    w, e = before
+    return _fail(state, f"the loop of {_where(w, e)} ended, but {who} went on to step {event.step}; {LOOPS_AGREE}")
+
+
+def _stop_asked(state: State, event: StopAsked) -> Outcome:
+    gen = state.generation
+    if state.phase != "running" or gen is None or event.worker_id not in gen.ranks:
+        return Outcome(state, (), f"stop asked by {event.worker_id} ignored: not a member of a running generation")
+    if state.stop_asked is not None:
+        return Outcome(state, (), f"stop asked by {event.worker_id}: already asked ({state.stop_asked})")
+    new = replace(state, stop_asked=f"{event.reason} (asked by {event.worker_id})", change_requested=True)
+    actions: tuple[Action, ...] = () if state.change_requested else (RequestBoundary(gen.number),)
+    return Outcome(new, actions, f"{event.worker_id} asks the job to end at the next step boundary")
 
 
 def _tick(state: State, now: float, policy: Policy) -> Outcome:

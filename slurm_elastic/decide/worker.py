@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 AttemptOutcome = Literal["none", "committed", "aborted", "failed"]
-EndKind = Literal["left", "stopped", "job_failed", "coordinator_lost", "job_over", "control_failed"]
+EndKind = Literal["complete", "left", "stopped", "job_failed", "coordinator_lost", "job_over", "control_failed"]
 
 EXIT_OK = 0
 EXIT_JOB_FAILED = 1
@@ -29,6 +29,7 @@ class Situation:
     detail: str = ""  # why the attempt failed, when it did
     cursor: int = 0  # the committed position in the global sample stream
     cursor_goal: int | None = None  # the loop ends once the cursor reaches this (the end of an epoch)
+    stop_asked: bool = False  # job.stop() on this rank, which is the whole job (standalone)
 
     def goal_reached(self) -> bool:
         if self.total is not None and self.committed >= self.total:
@@ -75,6 +76,8 @@ def next_move(s: Situation) -> Move:
         if s.total is not None and s.committed >= s.total:
             return Finish(f"{s.committed} of {s.total} steps committed")
         return Finish(f"cursor {s.cursor} reached {s.cursor_goal} after step {s.committed}")
+    if s.stop_asked:
+        return Finish(f"job.stop() after step {s.committed}")
     if s.boundary_due:
         return CrossBoundary(f"membership changes after step {s.committed}")
     if s.total is None:
@@ -101,6 +104,12 @@ def ending_for_stop(
         return Ending("job_failed", EXIT_JOB_FAILED, f"job stopped: {error}")
     save = (rank == 0 or sharded) and holds_state and checkpoints  # a suspended job resumes from this file
     return Ending("stopped", EXIT_OK, f"job stopped: {reason}", save_checkpoint=save)
+
+
+def ending_for_complete(reason: str) -> Ending:
+    """Every member's loop ended at the same step (or a job.stop() ended them): the loop returns, and the
+    script's code after it runs."""
+    return Ending("complete", EXIT_OK, f"the job is complete: {reason}")
 
 
 def ending_for_leave(reason: str) -> Ending:

@@ -134,9 +134,30 @@ class StateLost(_Msg):
 
 
 class Finished(_Msg):
+    """This worker's training loop ended at committed `step`; it waits for the job's answer (a Stop once every
+    member's loop ended there, or a new generation to heal peers in)."""
+
     type: Literal["finished"] = "finished"
     generation: int = Field(ge=1)
     step: int = Field(ge=0)
+    how: str = Field(default="", max_length=300)
+
+
+class StopAsked(_Msg):
+    """`job.stop()`: end every member's loop at the next step boundary."""
+
+    type: Literal["stop_asked"] = "stop_asked"
+    reason: str = Field(default="job.stop()", max_length=300)
+
+
+LoopValue = int | float | str | bool | None
+
+
+class LoopOpened(_Msg):
+    """The settings this worker's training loop runs with; every member's must be the same."""
+
+    type: Literal["loop_opened"] = "loop_opened"
+    settings: dict[Annotated[str, Field(max_length=64)], LoopValue] = Field(max_length=32)
 
 
 # --- coordinator -> worker --------------------------------------------------------------------------
@@ -371,6 +392,8 @@ Message = Annotated[
     | CollectiveFault
     | StateLost
     | Finished
+    | StopAsked
+    | LoopOpened
     | Registered
     | Assign
     | ChangePending

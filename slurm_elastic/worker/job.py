@@ -7,7 +7,10 @@
         evaluate_and_log(epoch)                  # per-epoch code; job.on_step / job.on_epoch hooks too
 
 The first use of `job.rank`, `job.world_size`, `job.epoch`, ... joins the job (so does the loop). A job
-runs one loop, to its end (`usage.py` says what is refused and why). The user's own state
+runs one loop, to its end or to a step boundary where every rank leaves it (a `break` that all ranks take at
+the same step, or `job.stop()` from any one rank); `usage.py` says what is refused and why. The job is
+complete once every member's loop ended at the same step; the code after the loop then runs with the group
+still formed. The user's own state
 (`extra_state=`) travels with the replica's; `job.save(path)` / `resume_from=` are the script's snapshots.
 
 A step is the unit of atomicity. This rank's micro-batches accumulate; during the last one's backward the
@@ -37,7 +40,7 @@ from slurm_elastic.decide.batching import LrRule
 from slurm_elastic.decide.epochs import Goal, epoch_end, epoch_of, positive_int
 from slurm_elastic.errors import JobFailed, UsageError
 from slurm_elastic.logs import get_logger
-from slurm_elastic.wire.messages import AtBoundary, Finished
+from slurm_elastic.wire.messages import AtBoundary, Finished, LoopOpened, StopAsked
 from slurm_elastic.worker.callbacks import Callbacks, EpochHook, StepHook
 from slurm_elastic.worker.checkpoints import userstate
 from slurm_elastic.worker.choose import choose_strategy
@@ -45,7 +48,7 @@ from slurm_elastic.worker.env import WorkerEnv, worker_env
 from slurm_elastic.worker.input.data import ElasticLoader, Samples
 from slurm_elastic.worker.input.loadpool import LoadPool
 from slurm_elastic.worker.input.prefetch import Prefetcher
-from slurm_elastic.worker.membership.comm import CollectiveFailed, Interrupt, Interrupted
+from slurm_elastic.worker.membership.comm import Interrupt
 from slurm_elastic.worker.membership.runtime import Runtime, WorkerEnded
 from slurm_elastic.worker.optguard import guard_optimizer
 from slurm_elastic.worker.phases import PhaseHooks
@@ -59,6 +62,7 @@ from slurm_elastic.worker.usage import (
     LoopName,
     LoopState,
     backward_outside,
+    left_by_statement,
     left_early,
     left_early_signature,
     save_during_step,
@@ -149,6 +153,8 @@ class ElasticJob:
         self._runtime.checkpoints = checkpoints is not None
         self._runtime.every_rank_saves = strategy.every_rank_saves
         self._goal: Goal | None = None  # where the loop ends (bounds how far batches are read ahead)
+        self._loop: dict[str, int | float | str | bool | None] | None = None  # what every member's loop must match
+        self._stop_asked = False  # job.stop() here, with no coordinator to carry it
         self._usage = LoopState()
         self._hooks = Callbacks(len(data.dataset))
         self._stepper = Stepper(settings, self._runtime, strategy, prefetcher, checkpoints, self._phases,
@@ -208,7 +214,7 @@ class ElasticJob:
 
     def steps(self, total_steps: int) -> Iterator[Step]:
         """Yield step attempts until `total_steps` optimizer steps of the whole run are committed."""
-        self._open("steps", Goal(steps=positive_int("total_steps", total_steps)))
+        self._open("steps", Goal(steps=positive_int("total_steps", total_steps)), total_steps=total_steps)
         return self._guarded("steps", self._attempts(final=True))
 
     def micro_batches(self, total_steps: int | None = None) -> Iterator[Any]:
@@ -218,20 +224,30 @@ class ElasticJob:
             epoch = self._usage.epoch_batches_start()
             goal = Goal(samples=epoch_end(epoch, self._order.num_samples))
             return self._guarded("micro_batches", self._flat(goal, final=False))
-        self._open("micro_batches", Goal(steps=positive_int("total_steps", total_steps)))
+        self._open("micro_batches", Goal(steps=positive_int("total_steps", total_steps)), total_steps=total_steps)
         return self._guarded("micro_batches", self._flat(None, final=True))
 
     def epochs(self, total_epochs: int) -> Iterator[int]:
         """Yield the epoch numbers from the job's current epoch (0, or where a resumed job stands) up to
         `total_epochs - 1`; iterate `job.micro_batches()` once inside each."""
         total = positive_int("total_epochs", total_epochs)
-        self._open("epochs", Goal(samples=total * self._order.num_samples))
+        self._open("epochs", Goal(samples=total * self._order.num_samples), total_epochs=total)
         return self._guarded("epochs", self._epoch_loop(total))
 
     def backward(self, loss: torch.Tensor) -> None:
         if self._attempt is None:
             raise backward_outside()
         self._attempt.backward(loss)
+
+    def stop(self, reason: str = "job.stop()") -> None:
+        """End the loop on every rank at the next step boundary: for a decision one rank makes (a time budget,
+        an early stop on a metric it computes). The loop then returns on every rank and the code after it
+        runs; a step already running completes first."""
+        self._join()
+        if self._runtime.standalone:
+            self._stop_asked = True
+        else:
+            self._runtime.send(StopAsked(reason=str(reason)[:300]))
 
     def on_step(self, fn: StepHook) -> StepHook:
         """Run `fn(step, loss)` on this rank after each step it commits (usable as a decorator)."""
@@ -290,23 +306,52 @@ class ElasticJob:
             except WorkerEnded as ended:
                 self._end(ended.ending)
 
-    def _open(self, name: LoopName, goal: Goal) -> None:
+    def _open(self, name: LoopName, goal: Goal, **length: int) -> None:
         self._usage.open(name, self._held.step)
         self._goal = goal
+        s = self._settings
+        self._loop = {
+            **length,
+            "global_batch": s.global_batch,
+            "per_replica_batch": s.per_replica_batch,
+            "micro_batch": s.data.micro_batch,
+            "seed": s.seed,
+            "dataset_size": self._order.num_samples,
+            "shuffle": s.data.shuffle,
+        }
         if self._started:
             self._stepper.prefetch.plan(self._schedule())  # joined before the loop: now the loop's length is known
+            self._report_loop()
+
+    def _report_loop(self) -> None:
+        """Every member's loop must be the same: the coordinator compares them, and fails the job at once,
+        naming both sides, where they differ (else the ranks would wait for each other at different steps)."""
+        if self._loop is not None and not self._runtime.standalone:
+            self._runtime.send(LoopOpened(settings=self._loop))
 
     def _guarded(self, name: LoopName, inner: Iterator[Any]) -> Iterator[Any]:
         try:
             yield from inner
         except GeneratorExit:
-            self._left_early(name)
+            self._left_early(name, sys._getframe(1))  # the script's frame, which dropped the loop
             raise
 
-    def _left_early(self, name: LoopName) -> None:
-        """The script dropped a loop before its end: this rank cannot take part in the step any more."""
-        if self._usage.phase != "running":
+    def _left_early(self, name: LoopName, dropped_by: Any) -> None:
+        """The script dropped a loop before its end. At a step boundary, by a `break` or a `return`: the loop
+        ends there (`_leave_loop`). Inside a step, or by an exception: this rank cannot take part in the step
+        any more, and that is an error."""
+        if self._usage.phase != "running" or sys.is_finalizing():
             return
+        if left_by_statement(dropped_by):
+            try:
+                at = self._boundary_left()
+                if at is not None:
+                    self._finish(f"job.{name}() left at step {at}")
+                    return
+            except WorkerEnded as ended:  # it cannot be raised here: the script goes on after its loop
+                self._ending(ended.ending)
+                self._process.exit_at_end(ended.ending.code)
+                return
         step = self._held.step + 1
         error = left_early(name, step)
         self._usage.broke(error)
@@ -317,9 +362,25 @@ class ElasticJob:
             self._runtime.abandon()
             self.close()
 
-        if sys.is_finalizing():  # the interpreter is going away: nothing more to tell
-            return
         self._process.report_later(error, left_early_signature(name), then=leave)
+
+    def _boundary_left(self) -> int | None:
+        """The committed step a dropped loop left at, or None where it left inside a step. A step whose every
+        micro-batch was back-propagated is committed first; one with none back-propagated is dropped."""
+        attempt = self._stepper.live
+        if attempt is None:
+            return self._held.step
+        if attempt.backwarded == 0 and not attempt.complete:
+            self._stepper.live = None
+            self._strategy.abandon()
+            return self._held.step
+        if not attempt.all_backwarded:
+            return None
+        attempt.complete = not attempt.aborted
+        outcome, _ = self._stepper.conclude(attempt)
+        if outcome != "committed":  # a peer may have committed it: heal from it, or the step is lost to the loop
+            self._recover(patient=False)
+        return self._held.step if self._held.step >= attempt.number else None
 
     def _flat(self, goal: Goal | None, *, final: bool) -> Iterator[Any]:
         for attempt in self._attempts(goal, final=final):
@@ -333,6 +394,8 @@ class ElasticJob:
         while (epoch := epoch_of(self._held.cursor, n)) < total:
             self._usage.enter_epoch(epoch)
             yield epoch
+            if self._usage.phase == "finished":  # the epoch's loop was left at a boundary, or job.stop()
+                return
             self._usage.leave_epoch(epoch, ended=self._held.cursor >= epoch_end(epoch, n))
         for _ in self._attempts(final=True):  # recover if needed, then the job's final barrier
             raise RuntimeError("slurm-elastic: a step is left after the last epoch ended")
@@ -348,7 +411,7 @@ class ElasticJob:
             while True:
                 situation = decide.Situation(
                     self._held.step, until.steps, outcome, self._runtime.superseded(), self._stepper.boundary_due,
-                    detail, cursor=self._held.cursor, cursor_goal=until.samples,
+                    detail, cursor=self._held.cursor, cursor_goal=until.samples, stop_asked=self._stop_asked,
                 )  # fmt: skip
                 outcome, detail = "none", ""
                 match decide.next_move(situation):
@@ -360,12 +423,14 @@ class ElasticJob:
                         self._recover(patient=patient)
                     case decide.CrossBoundary():
                         self._cross_boundary()
-                    case decide.Finish():
-                        if final:
-                            self._finish()
-                            self._usage.finish(self._held.step)
+                    case decide.Finish(reason=reason):
+                        if final or self._stop_asked:
+                            self._finish(reason)
                         return
         except WorkerEnded as ended:
+            if ended.ending.kind == "complete":  # job.stop(): every member's loop ends at this boundary
+                self._completed()
+                return
             self._end(ended.ending)
 
     # --- generations ----------------------------------------------------------------------------------
@@ -384,6 +449,7 @@ class ElasticJob:
             self._hooks.settled(self._held.cursor)
             return
         settings = self._runtime.register(-1)
+        self._report_loop()
         self._stepper.open_ledger(env.ledger_dir, env.worker_id, settings.run)
         if settings.load_checkpoint:  # the job (re)starts; a joiner's state is never on disk
             self._load_initial_state()
@@ -401,9 +467,9 @@ class ElasticJob:
         elif path is not None:
             self._strategy.resume(path)
 
-    def _recover(self, *, patient: bool) -> None:
+    def _recover(self, *, patient: bool, keep_group: bool = False) -> None:
         self._strategy.abandon()
-        entered = self._runtime.recover(self._strategy, patient=patient)
+        entered = self._runtime.recover(self._strategy, patient=patient, keep_group=keep_group)
         self._entered()
         self._hooks.settled(self._held.cursor)  # a rank healed past an epoch's end runs its hooks
         self._runtime.report_generation(entered, self._stepper.generation_fields())
@@ -431,27 +497,33 @@ class ElasticJob:
     def _cross_boundary(self) -> None:
         self._stepper.set_phase("boundary")
         self._runtime.send(AtBoundary(generation=self._runtime.generation, step=self._held.step))
-        self._recover(patient=True)
+        self._recover(patient=True, keep_group=True)
 
-    def _finish(self) -> None:
-        """Leave only once every member holds the final step (a failed barrier heals the laggards first)."""
-        while not self._runtime.standalone:
-            try:
-                group = self._runtime.group
-                if group:
-                    step = torch.tensor([float(self._held.step)], dtype=torch.float64, device=group.device)
-                    group.allreduce_(step)
-                break
-            except (Interrupted, CollectiveFailed):
-                self._recover(patient=False)
+    def _finish(self, how: str) -> None:
+        """This rank's loop ended at its committed step: tell the coordinator, and wait until every member's
+        loop ended at that step (the job is then complete). A member lost or behind meanwhile brings a new
+        generation, where this rank heals it and reports again; members that disagree fail the job."""
+        try:
+            while not self._runtime.standalone:
+                self._stepper.set_phase("done")
+                self._runtime.send(Finished(generation=self._runtime.generation, step=self._held.step, how=how))
+                self._recover(patient=True, keep_group=True)
+        except WorkerEnded as ended:
+            if ended.ending.kind != "complete":
+                raise
+        self._completed()
+
+    def _completed(self) -> None:
+        """The job is complete: the loop returns, and the group stays formed for the script's code after it."""
         self._stepper.set_phase("done")
-        self._runtime.send(Finished(generation=self._runtime.generation, step=self._held.step))
+        self._usage.finish(self._held.step)
+        log.info("loop_ended", worker=self.env.worker_id, step=self._held.step)
         if self._stepper.checkpoints:
             self._stepper.checkpoints.save_now(self._held)
         self.close()
 
-    def _end(self, ending: decide.Ending) -> NoReturn:
-        """The one way a worker's process ends (see the module's docstring)."""
+    def _ending(self, ending: decide.Ending) -> None:
+        """What every ending does before the process goes: a suspended job's checkpoint, the log, the close."""
         if ending.save_checkpoint and self._stepper.checkpoints:
             self._stepper.checkpoints.save_now(self._held)  # a suspended job resumes from here
         log_at = log.error if ending.code else log.info
@@ -459,6 +531,10 @@ class ElasticJob:
         log_at("worker_ending", worker=self.env.worker_id, kind=ending.kind, reason=ending.reason, step=step)
         self._usage.end(ending.kind)
         self.close()
+
+    def _end(self, ending: decide.Ending) -> NoReturn:
+        """The one way a worker's process ends (see the module's docstring)."""
+        self._ending(ending)
         self._process.exit_code = ending.code
         raise JobEnded(ending)
 

@@ -130,6 +130,13 @@ class ProcessHooks:
         with contextlib.suppress(Exception):
             then()
 
+    def exit_at_end(self, code: int) -> None:
+        """The job ended this worker where no exception can carry it (a loop left at a boundary): the script's
+        code after the loop runs, then the process exits with `code`."""
+        if code:
+            self.exit_code = code
+            self._exit_1_at_exit()
+
     def _exit_1_at_exit(self) -> None:
         if self.enabled and not self._fail_at_exit:
             self._fail_at_exit = True

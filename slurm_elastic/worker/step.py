@@ -46,6 +46,7 @@ class Step:
         self.world_size = world
         self.aborted = False
         self.complete = False  # every micro-batch was back-propagated
+        self.backwarded = 0  # micro-batches back-propagated so far
         self.ranges: list[tuple[int, int]] = []
         self._micro = micro
         self._current: MicroBatch | None = None
@@ -71,12 +72,17 @@ class Step:
                 )
         self.complete = not self.aborted
 
+    @property
+    def all_backwarded(self) -> bool:
+        return self.backwarded == len(self._micro)
+
     def backward(self, loss: torch.Tensor) -> None:
         """Back-propagate the micro-batch's mean loss; the library weights it by the micro-batch's share."""
         mb = self._current
         if mb is None:
             raise UsageError("step.backward() must be called once, inside `for batch in step.micro_batches()`")
         self._current = None
+        self.backwarded += 1
         if self.aborted:
             return
         start = self.first + mb.offset

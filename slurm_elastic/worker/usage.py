@@ -1,15 +1,18 @@
 """How a training script may drive an ElasticJob, and the one-line error for each way it may not.
 
 A job runs one training loop: `job.micro_batches(total_steps)`, `job.steps(total_steps)` or
-`job.epochs(total_epochs)` with `job.micro_batches()` once inside each epoch. The loop runs to its end:
-leaving it early (a `break`, a `return`, an exception out of the loop body) would leave a step half
-done on this rank while its peers wait for it, so it is an error, reported to the coordinator, and the
-worker exits non-zero. `LoopState` is the bookkeeping; it decides, the job acts.
+`job.epochs(total_epochs)` with `job.micro_batches()` once inside each epoch. The loop runs to its end, or
+is left at a step boundary by a `break` or a `return` that every rank takes at the same step (before the
+first backward of a step, or after the last). Leaving it inside a step, or by an exception out of the loop
+body, would leave a step half done on this rank while its peers wait for it: an error, reported to the
+coordinator, and the worker exits non-zero. `LoopState` is the bookkeeping; it decides, the job acts.
 """
 
 from __future__ import annotations
 
+import dis
 from dataclasses import dataclass
+from types import FrameType
 from typing import Literal
 
 from slurm_elastic.errors import UsageError
@@ -20,10 +23,20 @@ Phase = Literal["idle", "running", "finished", "ended", "broken"]
 EPOCH_HINT = "for an epoch loop write `for epoch in job.epochs(n):` with `for batch in job.micro_batches():` inside"
 
 
+def left_by_statement(frame: FrameType | None) -> bool:
+    """Whether the script's `frame` dropped the loop by a `break` or a `return` (CPython pops a for loop's
+    iterator with POP_TOP there), rather than by an exception unwinding through it."""
+    if frame is None:
+        return False
+    code, at = frame.f_code.co_code, frame.f_lasti
+    return 0 <= at < len(code) and dis.opname[code[at]] == "POP_TOP"
+
+
 def left_early(loop: str, step: int) -> UsageError:
     return UsageError(
-        f"the training loop job.{loop}() was left during step {step} (a break, a return or an exception out of "
-        "the loop body): iterate the loop to its end on every rank; to train less, ask for fewer steps or epochs"
+        f"the training loop job.{loop}() was left during step {step} (an exception out of the loop body, or a "
+        "break between a step's first and last backward): leave it at a step boundary, the same step on every "
+        "rank (before a step's first job.backward() or after its last), or call job.stop() to end it on every rank"
     )
 
 

@@ -129,8 +129,8 @@ def test_events_before_the_first_generation() -> None:
         assert out.state == state and out.actions == ()
     out = m.decide(state, m.Drain(("n1",), "boundary", "reclaim"), 0.0, pol)
     assert out.actions == (m.Dismiss(("w1",), "reclaim"),) and set(out.state.workers) == {"w2"}
-    out = m.decide(state, m.Done("w1"), 0.0, pol)
-    assert out.actions == () and out.state.phase == "rendezvous" and out.state.finished == {"w1"}
+    out = m.decide(state, m.Done("w1", 1, 0), 0.0, pol)
+    assert out.state == state and out.actions == () and "not current" in out.reason
 
 
 # --- joins ------------------------------------------------------------------------------------------
@@ -211,49 +211,92 @@ def test_loss_of_a_non_member_forgets_it() -> None:
     assert unknown.state == state and unknown.actions == ()
 
 
-def test_loss_of_a_finished_worker_is_not_a_failure() -> None:
-    pol = policy(2)
-    state = m.decide(running(2), m.Done("w1"), 0.0, pol).state
-    out = m.decide(state, m.Lost(("w1",), "exited with 0"), 0.0, pol)
-    assert out.actions == () and out.state.phase == "running" and out.state.generation == state.generation
-
-
-def test_loss_of_the_unfinished_members_completes_when_others_finished() -> None:
+def test_a_member_whose_loop_ended_is_still_a_member() -> None:
     pol = policy(3)
-    state = feed(running(3), pol, m.Done("w1"), m.Done("w3")).state
+    state = feed(running(3), pol, m.Done("w1", 1, 7)).state
+    assert state.phase == "running" and dict(state.ended) == {"w1": m.LoopEnd(7)}
+    # lost before the job completed: a member lost like any other; the loop ends are asked again
+    out = m.decide(state, m.Lost(("w1",), "exited with 0"), 0.0, pol)
+    assert announce(out).generation.ranks == ("w2", "w3") and out.state.ended == {}
+    # a peer lost: the ended member heals the others in the next generation, and reports again there
+    out = m.decide(state, m.Lost(("w2",), "crash"), 0.0, pol)
+    assert announce(out).generation.ranks == ("w1", "w3") and out.state.ended == {}
+    again = feed(out.state, pol, m.Done("w1", 1, 7))
+    assert again.state.ended == {} and "not current" in again.reason  # a report of the old generation
+    done = feed(out.state, pol, m.Done("w1", 2, 7), m.Done("w3", 2, 7))
+    assert isinstance(only(done.actions, m.Complete), m.Complete) and done.state.phase == "finished"
+
+
+def test_losing_the_only_member_not_yet_ended_completes() -> None:
+    pol = policy(3)
+    state = feed(running(3), pol, m.Done("w1", 1, 5), m.Done("w3", 1, 5)).state
     assert state.phase == "running"
     out = m.decide(state, m.Lost(("w2",), "crash"), 0.0, pol)
-    assert isinstance(only(out.actions, m.Complete), m.Complete) and out.state.phase == "finished"
+    complete = only(out.actions, m.Complete)
+    assert isinstance(complete, m.Complete) and out.state.phase == "finished" and "crash" in complete.reason
 
 
-def test_finished_workers_are_never_survivors() -> None:
-    pol = policy(3)
-    state = feed(running(3), pol, m.Done("w1")).state
-    out = m.decide(state, m.Lost(("w2",), "crash"), 0.0, pol)
-    assert announce(out).generation.ranks == ("w3",)
-    # later changes must not bring the finished worker back as a "joiner"
-    out = m.decide(out.state, m.Faulted("w3", 2, "reset"), 0.0, pol)
-    assert announce(out).generation.ranks == ("w3",) and announce(out).joined == ()
-    out = feed(out.state, pol, m.Joined(worker(4)), m.ReachedBoundary("w3", 3, 9))
-    assert announce(out).generation.ranks == ("w3", "w4") and announce(out).joined == ("w4",)
-
-
-def test_boundary_after_a_finished_member_exited() -> None:
-    pol = policy(3)
-    state = feed(running(3), pol, m.Done("w1"), m.Lost(("w1",), "exited with 0"), m.Joined(worker(4))).state
-    out = m.decide(state, m.ReachedBoundary("w2", 1, 7), 0.0, pol)
-    a = announce(out)
-    assert a.generation.ranks == ("w2", "w3", "w4") and a.generation.boundary_step == 7
-
-
-def test_every_member_done_completes() -> None:
+def test_every_member_done_at_one_step_completes() -> None:
     pol = policy(2)
-    state = m.decide(running(2), m.Done("w1"), 0.0, pol)
+    state = m.decide(running(2), m.Done("w1", 1, 9, "reached 9 steps"), 0.0, pol)
     assert state.actions == () and state.state.phase == "running"
-    stranger = m.decide(state.state, m.Done("w9"), 0.0, pol)
-    assert stranger.actions == () and stranger.state.phase == "running"
-    out = m.decide(state.state, m.Done("w2"), 0.0, pol)
-    assert isinstance(only(out.actions, m.Complete), m.Complete) and out.state.phase == "finished"
+    stranger = m.decide(state.state, m.Done("w9", 1, 9), 0.0, pol)
+    assert stranger.state == state.state and stranger.actions == ()
+    out = m.decide(state.state, m.Done("w2", 1, 9), 0.0, pol)
+    complete = only(out.actions, m.Complete)
+    assert isinstance(complete, m.Complete) and out.state.phase == "finished" and "step 9" in complete.reason
+
+
+def test_loops_that_end_at_different_steps_fail_the_job_naming_both() -> None:
+    pol = policy(3)
+    state = m.decide(running(3), m.Done("w1", 1, 100, "job.steps(100) ran to its end"), 0.0, pol).state
+    out = m.decide(state, m.Done("w2", 1, 120, "job.steps(120) ran to its end"), 0.0, pol)
+    fail = only(out.actions, m.Fail)
+    assert isinstance(fail, m.Fail) and out.state.phase == "failed"
+    for part in ("w1 at step 100", "job.steps(100)", "w2 at step 120", "job.stop()"):
+        assert part in fail.reason
+
+
+def test_a_member_that_goes_on_past_an_ended_loop_fails_the_job() -> None:
+    pol = policy(3)
+    state = m.decide(running(3), m.Done("w1", 1, 10, "job.steps() left at step 10"), 0.0, pol).state
+    behind = m.decide(state, m.WentOn("w2", 1, 10), 0.0, pol)  # still in step 10: it may end there too
+    assert behind.state == state and behind.actions == ()
+    stale = m.decide(state, m.WentOn("w2", 0, 11), 0.0, pol)
+    assert stale.state == state and stale.actions == ()
+    out = m.decide(state, m.WentOn("w2", 1, 11), 0.0, pol)
+    fail = only(out.actions, m.Fail)
+    assert isinstance(fail, m.Fail) and "w1 at step 10" in fail.reason and "w2 went on to step 11" in fail.reason
+    assert m.decide(running(3), m.WentOn("w2", 1, 11), 0.0, pol).actions == ()  # no loop ended: nothing to say
+
+
+def test_stop_asked_ends_the_job_at_the_next_boundary_once_every_member_reached_it() -> None:
+    pol = policy(3)
+    out = m.decide(running(3), m.StopAsked("w2", "time budget"), 0.0, pol)
+    assert out.actions == (m.RequestBoundary(1),) and out.state.stop_asked == "time budget (asked by w2)"
+    again = m.decide(out.state, m.StopAsked("w3", "time budget"), 0.0, pol)
+    assert again.state == out.state and again.actions == ()
+    state = feed(out.state, pol, m.Joined(worker(4)), m.ReachedBoundary("w1", 1, 12), m.ReachedBoundary("w2", 1, 12))
+    assert state.state.phase == "running" and "waiting for w3" in state.reason
+    end = m.decide(state.state, m.ReachedBoundary("w3", 1, 12), 0.0, pol)
+    complete = only(end.actions, m.Complete)
+    assert isinstance(complete, m.Complete) and "after step 12: time budget" in complete.reason
+    assert set(end.state.ended) == {"w1", "w2", "w3"}  # (their exits after training are judged as such)
+
+
+def test_stop_asked_survives_an_abrupt_change() -> None:
+    pol = policy(3)
+    state = m.decide(running(3), m.StopAsked("w2", "budget"), 0.0, pol).state
+    out = m.decide(state, m.Lost(("w1",), "crash"), 0.0, pol)
+    assert announce_and_boundary(out) == ("w2", "w3")
+    stranger = m.decide(running(3), m.StopAsked("w9", "budget"), 0.0, pol)
+    assert stranger.actions == () and stranger.state.stop_asked is None
+
+
+def announce_and_boundary(out: m.Outcome) -> tuple[str, ...]:
+    a, boundary = out.actions
+    assert isinstance(a, m.Announce) and boundary == m.RequestBoundary(a.generation.number)
+    return a.generation.ranks
 
 
 # --- drains -----------------------------------------------------------------------------------------
@@ -442,7 +485,9 @@ ALL_EVENTS: list[m.Event] = [
     m.Drain(("n1",), "boundary", "x"),
     m.ReachedBoundary("w1", 1, 3),
     m.Faulted("w1", 1, "x"),
-    m.Done("w1"),
+    m.Done("w1", 1, 3),
+    m.WentOn("w1", 1, 4),
+    m.StopAsked("w1", "x"),
     m.Tick(),
     m.Abort("x"),
 ]
@@ -465,10 +510,10 @@ def test_a_drained_node_whose_workers_were_all_lost_can_host_workers_again() -> 
     assert back.actions == (m.RequestBoundary(2),)
 
 
-def test_a_drain_whose_member_finished_and_exited_is_cleared_at_the_boundary() -> None:
+def test_a_drain_whose_member_ended_its_loop_and_exited_is_cleared() -> None:
     pol = policy(3)
-    state = feed(running(3), pol, m.Drain(("n1",), "boundary", "shrink"), m.Done("w1"), m.Lost(("w1",), "exit 0"))
-    out = m.decide(state.state, m.ReachedBoundary("w2", 1, 6), 0.0, pol)
+    state = feed(running(3), pol, m.Drain(("n1",), "boundary", "shrink"), m.Done("w1", 1, 6)).state
+    out = m.decide(state, m.Lost(("w1",), "exit 0"), 0.0, pol)
     assert announce(out).generation.ranks == ("w2", "w3") and out.state.draining == frozenset()
 
 

@@ -39,7 +39,7 @@ def cmd(kind: str, variants: list[int] | None = None, **extra: st.SearchStrategy
 join = cmd("join", list(range(NODES)))
 # 0: a member, 1: any worker ever seen (or an unknown id), 2: two members, 3: every worker on a member's node
 lost = cmd("lost", [0, 0, 1, 2, 3, 3])
-exit_ = cmd("exit")  # a member finishes training and its process exits
+exit_ = cmd("exit")  # a member's loop ends, then its process exits (a crash before the job completed)
 drain = cmd(
     "drain",
     nodes=st.lists(st.integers(0, NODES - 1), min_size=1, max_size=2, unique=True).map(tuple),
@@ -47,10 +47,14 @@ drain = cmd(
 )
 boundary = cmd("boundary", [0, 0, 0, -1, 1])  # variant: generation offset (stale or future reports)
 fault = cmd("fault", [0, 0, -1])
-done = cmd("done")
+done = cmd("done", [0, 0, 0, 1, -1])  # variant: step offset (a loop that ends elsewhere disagrees)
+went_on = cmd("went_on")  # a member runs the step after the one where the loops end
+stop = cmd("stop")  # job.stop() on a member
 tick = cmd("tick")  # time moves by a third of the rendezvous timeout
 # Joins, losses and boundaries are the common events; Abort is covered by the scenario tests.
-commands = st.one_of(join, join, lost, lost, boundary, boundary, drain, drain, fault, done, exit_, tick)
+commands = st.one_of(
+    join, join, lost, lost, boundary, boundary, drain, drain, fault, done, done, exit_, went_on, stop, tick
+)
 
 
 @st.composite
@@ -95,7 +99,7 @@ def to_events(c: Cmd, state: m.State, world: World) -> list[m.Event]:
         case "lost":
             return [m.Lost((member,), "crash")]
         case "exit":
-            return [m.Done(member), m.Lost((member,), "exited with 0")]
+            return [m.Done(member, gen, world.step), m.Lost((member,), "exited with 0")]
         case "drain":
             return [m.Drain(tuple(f"node{n}" for n in c.nodes), c.mode, "reclaim")]
         case "boundary":
@@ -104,7 +108,11 @@ def to_events(c: Cmd, state: m.State, world: World) -> list[m.Event]:
         case "fault":
             return [m.Faulted(member, gen + c.variant, "timeout")]
         case "done":
-            return [m.Done(member)]
+            return [m.Done(member, gen, max(0, world.step + c.variant))]
+        case "went_on":
+            return [m.WentOn(member, gen, world.step + 1)]
+        case "stop":
+            return [m.StopAsked(member, "budget")]
         case "abort":
             return [m.Abort("operator")]
         case _:
@@ -147,13 +155,8 @@ def check_transition(before: m.State, event: m.Event, out: m.Outcome, last_gen: 
     assert after.draining <= hosts  # a new generation leaves no stale drain behind
     if before.phase == "running":
         assert before.generation is not None
-        assert not set(ranks) & before.finished  # finished workers are never survivors
         lost = set(event.worker_ids) if isinstance(event, m.Lost) else set()
-        must_stay = {
-            w
-            for w in before.generation.ranks
-            if w not in lost and w not in before.finished and node_of(before, w) not in drained_nodes
-        }
+        must_stay = {w for w in before.generation.ranks if w not in lost and node_of(before, w) not in drained_nodes}
         assert must_stay <= set(ranks), (must_stay, ranks)
         if gen.boundary_step is None:
             assert isinstance(event, m.Lost | m.Drain | m.Faulted)
@@ -182,8 +185,11 @@ def test_random_event_sequences_keep_the_invariants(pol: m.Policy, cmds: list[Cm
         if state.phase == "running":
             gen = state.generation
             assert gen is not None
-            # every unfinished member is still registered
-            assert all(w in state.workers for w in gen.ranks if w not in state.finished)
+            # every member is still registered; loops ended in this generation, at one step, by members
+            assert all(w in state.workers for w in gen.ranks)
+            assert set(state.ended) <= set(gen.ranks) and len({e.step for e in state.ended.values()}) <= 1
+            if state.stop_asked is not None:  # a stop is carried by a boundary of this generation
+                assert state.change_requested and requested_for == gen.number
             # a pending change (a joiner, or a member on a draining node) has asked this generation for a boundary
             on_draining = [w for w in gen.ranks if node_of(state, w) in state.draining]
             if state.joiners or on_draining:

@@ -15,19 +15,20 @@ def expected(s: w.Situation) -> type:
     """The rule, written independently of the implementation's order of checks."""
     if s.attempt in ("failed", "aborted") or s.superseded:
         return w.Recover
-    if s.committed >= s.total:
+    if s.committed >= s.total or s.stop_asked:
         return w.Finish
     return w.CrossBoundary if s.boundary_due else w.RunStep
 
 
 @pytest.mark.parametrize(
-    ("attempt", "superseded", "boundary_due", "committed"),
-    list(itertools.product(OUTCOMES, (False, True), (False, True), (0, 4, 5, 6))),
+    ("attempt", "superseded", "boundary_due", "committed", "stop"),
+    list(itertools.product(OUTCOMES, (False, True), (False, True), (0, 4, 5, 6), (False, True))),
 )
 def test_every_situation_has_one_move(
-    attempt: w.AttemptOutcome, superseded: bool, boundary_due: bool, committed: int
+    attempt: w.AttemptOutcome, superseded: bool, boundary_due: bool, committed: int, stop: bool
 ) -> None:
-    s = w.Situation(committed, 5, attempt, superseded, boundary_due, detail="peer gone" if attempt == "failed" else "")
+    detail = "peer gone" if attempt == "failed" else ""
+    s = w.Situation(committed, 5, attempt, superseded, boundary_due, detail, stop_asked=stop)
     move = w.next_move(s)
     assert type(move) is expected(s), (s, move)
     assert move.reason
@@ -73,7 +74,14 @@ def test_a_stop_with_an_error_fails_the_worker_and_saves_nothing() -> None:
     assert "all members lost" in end.reason
 
 
+def test_a_stop_asked_alone_finishes_at_the_boundary_and_says_where() -> None:
+    move = w.next_move(w.Situation(3, 10, "committed", False, True, stop_asked=True))
+    assert move == w.Finish("job.stop() after step 3")
+
+
 def test_other_endings_and_their_codes() -> None:
+    complete = w.ending_for_complete("training ended at step 9")
+    assert (complete.kind, complete.code, complete.save_checkpoint) == ("complete", w.EXIT_OK, False)
     assert w.ending_for_leave("drained").code == w.EXIT_OK
     lost = w.ending_for_lost_coordinator("connection closed")
     assert (lost.kind, lost.code) == ("coordinator_lost", w.EXIT_COORDINATOR_LOST)

@@ -1,8 +1,13 @@
-"""A training script that misuses the loop in the way `--mode` names, for test_misuse.py.
+"""A training script that leaves or misuses the loop in the way `--mode` names, for test_misuse.py (two
+micro-batches per rank and step on two nodes).
 
-break:   leaves `for batch in job.micro_batches(20)` with a break at step 4, then ends normally
-outside: calls job.backward(loss) between two epochs, outside any micro-batch
-twice:   calls job.micro_batches(5) once per "epoch", as if total_steps counted one epoch's steps
+break:    leaves `for batch in job.micro_batches(20)` inside step 4, after its first backward
+leave:    every rank leaves that loop at step boundary 3 (a break before step 4's first backward)
+disagree: rank 0 alone leaves it at step boundary 3
+lengths:  rank 1 asks for one step more than rank 0
+stop:     rank 0 calls job.stop() after step 2, and the loop of every rank ends at the next boundary
+outside:  calls job.backward(loss) between two epochs, outside any micro-batch
+twice:    calls job.micro_batches(5) once per "epoch", as if total_steps counted one epoch's steps
 """
 
 import argparse
@@ -20,18 +25,29 @@ from regression_data import RegressionData
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--mode", choices=["break", "outside", "twice"], required=True)
+    modes = ["break", "leave", "disagree", "lengths", "stop", "outside", "twice"]
+    parser.add_argument("--mode", choices=modes, required=True)
     mode = parser.parse_args().mode
     torch.manual_seed(0)
     model = torch.nn.Linear(20, 1)
-    job = se.ElasticJob(model, torch.optim.SGD(model.parameters(), lr=0.01), dataset=RegressionData(96), micro_batch=8)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    job = se.ElasticJob(model, optimizer, dataset=RegressionData(96), micro_batch=8, global_batch=32)
     print(f"rank {job.rank} of {job.world_size}", flush=True)
     if mode == "break":
-        for x, y in job.micro_batches(20):
-            if job.step == 3:
+        for i, (x, y) in enumerate(job.micro_batches(20)):
+            job.backward(F.mse_loss(model(x), y))
+            if i == 6:
+                break
+        print("after the loop", flush=True)
+    elif mode in ("leave", "disagree", "lengths", "stop"):
+        leaves = mode == "leave" or (mode == "disagree" and job.rank == 0)
+        for x, y in job.micro_batches(20 + (mode == "lengths" and job.rank == 1)):
+            if leaves and job.step == 3:
                 break
             job.backward(F.mse_loss(model(x), y))
-        print("after the loop", flush=True)
+            if mode == "stop" and job.rank == 0 and job.step == 2:
+                job.stop("enough for this test")
+        print(f"after the loop at step {job.step}, rank {job.rank} of {job.world_size}", flush=True)
     elif mode == "outside":
         for _ in job.epochs(3):
             for x, y in job.micro_batches():

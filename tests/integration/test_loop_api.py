@@ -240,13 +240,13 @@ def test_a_second_loop_inside_the_first_and_misused_epochs_are_errors() -> None:
             job.micro_batches()
 
 
-def test_ranks_that_break_out_of_the_loop_fail_the_job_with_the_documented_error() -> None:
+def test_ranks_that_break_out_of_a_step_fail_the_job_with_the_documented_error() -> None:
     def train(env: WorkerEnv, ports: Ports) -> None:
-        net, job = build(env, ports)
-        for x, y in job.micro_batches(8):
-            if job.step == 2:
-                break
+        net, job = build(env, ports)  # 2 micro-batches per rank and step
+        for i, (x, y) in enumerate(job.micro_batches(8)):
             job.backward(nn.functional.mse_loss(net(x), y))
+            if i == 4:  # the first micro-batch of step 3: its reduction waits for the second
+                break
         time.sleep(1.0)  # the script goes on after its break (a thread rank's end would close its connection)
         job.rank  # noqa: B018 - any later use raises the error again
 

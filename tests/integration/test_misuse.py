@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -39,7 +40,12 @@ def run(tmp: Path, mode: str) -> tuple[int, str]:
 @pytest.mark.parametrize(
     ("mode", "error"),
     [
-        ("break", "the training loop job.micro_batches() was left during step 4 (a break, a return or an exception"),
+        ("break", "the training loop job.micro_batches() was left during step 4 (an exception out of the loop body"),
+        (
+            "disagree",
+            "the loop of local1:0:0 at step 3 (job.micro_batches() left at step 3) ended, but local2:0:0 went on",
+        ),
+        ("lengths", "the workers' training loops differ: total_steps "),
         ("outside", "UsageError: job.backward() called outside a micro-batch"),
     ],
 )
@@ -47,7 +53,22 @@ def test_a_misused_loop_fails_the_job_with_the_documented_error(tmp_path: Path, 
     code, out = run(tmp_path, mode)
     assert code != 0, out[-3000:]
     assert error in out, out[-3000:]
-    assert "user_failure" in out and "job_finished" not in out
+    assert "job_finished" not in out
+    if mode in ("break", "outside"):
+        assert "user_failure" in out
+
+
+@pytest.mark.parametrize(("mode", "step"), [("leave", 3), ("stop", None)])
+def test_a_loop_every_rank_leaves_at_one_boundary_ends_the_job_there(tmp_path: Path, mode: str, step: int) -> None:
+    code, out = run(tmp_path, mode)
+    assert code == 0, out[-3000:]
+    ends = re.findall(r"after the loop at step (\d+), rank (\d) of 2", out)  # two processes' lines may interleave
+    assert sorted(rank for _, rank in ends) == ["0", "1"] and len({s for s, _ in ends}) == 1, ends  # one step on both
+    if step is not None:
+        assert ends[0][0] == str(step)
+    else:
+        assert "enough for this test" in out
+    assert "job_finished" in out and "user_failure" not in out
 
 
 def test_calling_the_loop_again_after_it_finished_is_an_error_and_the_worker_exits_1(tmp_path: Path) -> None:

@@ -51,7 +51,8 @@ def test_the_errors_from_ddp_md_quotes_are_raised_by_the_library() -> None:
     rows = [line for line in doc[doc.index("## What the loop does not allow") :].splitlines() if line.startswith("| ")]
     quoted = [q for row in rows[1:] for q in re.findall(r"`([^`]{20,})`", row.split(" | ")[-1])]
     assert len(quoted) >= 6
-    source = "".join(p.read_text() for p in (REPO / "slurm_elastic" / "worker").glob("*.py"))
+    package = REPO / "slurm_elastic"
+    source = "".join(p.read_text() for d in ("worker", "decide") for p in (package / d).glob("*.py"))
     source = " ".join(re.sub(r'"\s*\n\s*f?"', "", source).split())  # join continued string literals
     for q in quoted:
         fragment = longest_plain_run(q)

@@ -136,12 +136,16 @@ class Runtime:
             self.group = None
         self._close_store()
 
-    def recover(self, strategy: Strategy, *, patient: bool) -> Entered:
-        """Leave the current generation; join announced ones until one is formed and in sync."""
-        self.abandon()
+    def recover(self, strategy: Strategy, *, patient: bool, keep_group: bool = False) -> Entered:
+        """Leave the current generation; join announced ones until one is formed and in sync. `keep_group`:
+        the group is sound (a step boundary, the loop's end): keep it until an announcement comes, so that a
+        job that completes there leaves the script a working group for its code after the loop."""
+        if not keep_group:
+            self.abandon()
         held = strategy.held
         while True:
             announcement = self._next_announcement(patient, held)
+            self.abandon()
             patient = False
             try:
                 return self._enter(announcement, strategy)
@@ -172,6 +176,9 @@ class Runtime:
             raise WorkerEnded(decide.ending_for_failed_control(str(exc))) from None
         if isinstance(ann, Leave):
             raise WorkerEnded(decide.ending_for_leave(ann.reason))
+        if isinstance(ann, Stop) and ann.reason == "complete" and ann.error is None and not replica.fresh:
+            self.interrupt.clear()  # (a Stop sets it): the group stays the script's after its loop
+            raise WorkerEnded(decide.ending_for_complete(f"training ended at step {replica.step}"))
         if isinstance(ann, Stop):
             holds = not replica.fresh
             ending = decide.ending_for_stop(
