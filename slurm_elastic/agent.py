@@ -55,7 +55,7 @@ from slurm_elastic.wire.messages import (
 )
 
 log = get_logger("slurm_elastic.agent")
-MAX_STDERR_TAIL = 2000  # characters of a worker's last stderr output, reported when it ends
+MAX_STDERR_TAIL = 4000  # characters of a worker's last stderr output, reported when it ends
 
 
 class StderrTail:
@@ -77,7 +77,16 @@ class StderrTail:
     def finish(self, timeout: float = 2.0) -> str:
         """The tail once the stream ended (a grandchild may hold it open: then what we have)."""
         self._thread.join(timeout)
-        return b"".join(self._tail).decode(errors="replace")[-MAX_STDERR_TAIL:]
+        return last_lines(b"".join(self._tail).decode(errors="replace"), MAX_STDERR_TAIL)
+
+
+def last_lines(text: str, limit: int) -> str:
+    """The end of `text`, at most `limit` characters, starting at a line's start (not in a word)."""
+    if len(text) <= limit:
+        return text
+    cut = text[-limit:]
+    newline = cut.find("\n")
+    return cut[newline + 1 :] if 0 <= newline < len(cut) - 1 else cut
 
 
 __all__ = ["EXIT_DRAINED_BY_SIGNAL", "EXIT_FAILED", "Agent", "AgentConfig", "main"]
@@ -198,7 +207,7 @@ class Agent:
             slot.restarts += int(restart)
             if returncode != 0:
                 self._see(phase.WorkerFailed(wid, returncode))
-        tail = stderr_tail[-MAX_STDERR_TAIL:] if returncode != 0 or not restart else ""
+        tail = stderr_tail if returncode != 0 or not restart else ""
         self._report(WorkerExited(worker_id=wid, returncode=returncode, will_restart=restart, stderr_tail=tail))
         log.info("worker_exited", worker=wid, returncode=returncode, restart=restart, reason=reason)
         slot.proc = None

@@ -321,6 +321,15 @@ class JobSuspended(Event):
 
 
 @dataclass(frozen=True)
+class JobCancelled(Event):
+    """The person who started the job stopped it (Ctrl-C, a SIGTERM to the launcher): not a failure."""
+
+    KIND: ClassVar[str] = "job_cancelled"
+    reason: str
+    step: int
+
+
+@dataclass(frozen=True)
 class JobFailed(Event):
     KIND: ClassVar[str] = "job_failed"
     reason: str
@@ -389,7 +398,8 @@ class ControlLoopFailed(Event):
 CATALOGUE: tuple[type[Event], ...] = (
     Commit, MembershipChange, GenerationReady, Recovered, CheckpointFallback, Progress, NodeRegistered,
     WorkerRegistered, NodeLost, DrainRequested, CoordinatorStarted, SlurmJobStarted, WorkerExited, UserFailure,
-    CollectiveFault, StateLost, NodeUnresponsive, HangEvicted, RestartAll, JobFinished, JobSuspended, JobFailed,
+    CollectiveFault, StateLost, NodeUnresponsive, HangEvicted, RestartAll, JobFinished, JobSuspended, JobCancelled,
+    JobFailed,
     CoordinatorPaused, AgentRelaunched, AgentRelaunchGivenUp, MessageDropped, KeepPending, ConnectionRefused,
     ControlLoopFailed,
 )  # fmt: skip

@@ -85,8 +85,9 @@ def _records(directory: Path) -> list[dict[str, object]]:
     return out
 
 
-def analyze(directory: Path) -> LedgerReport:
-    records = _records(directory)
+def analyze(directory: str | os.PathLike[str]) -> LedgerReport:
+    """What a job's ledger directory says about its samples: each step committed once, each sample seen once."""
+    records = _records(Path(directory))
     commits: dict[int, set[tuple[int, int]]] = defaultdict(set)
     cursor_at: dict[tuple[int, int], int] = {}
     contributions: dict[tuple[int, int, int], dict[str, list[list[int]]]] = defaultdict(dict)

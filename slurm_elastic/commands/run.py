@@ -35,13 +35,17 @@ def run(args: argparse.Namespace) -> int:
     job = LocalJob(command, config)
     # Before anything slow (start-up imports torch): a SIGTERM at any moment ends the run.
     signal.signal(signal.SIGTERM, lambda signum, _: job.cancel(signal.Signals(signum).name))
+    result = None
     try:
         job.start()
         result = job.wait(agents_timeout=None)  # the script may still save its model after training
     except KeyboardInterrupt:
-        return 130
+        job.cancel("the user (Ctrl-C)")  # told to the coordinator by stop(), before the processes end
     finally:
         job.stop()
+    if result is None:
+        print(f"slurm-elastic: job {job.job_id} stopped by the user (Ctrl-C)", file=sys.stderr)
+        return 130
     return report(job.job_id, result, command)
 
 

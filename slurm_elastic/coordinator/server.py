@@ -40,6 +40,7 @@ from slurm_elastic.eventtypes import (
     DrainRequested,
     GenerationReady,
     HangEvicted,
+    JobCancelled,
     JobFailed,
     JobFinished,
     JobSuspended,
@@ -100,6 +101,9 @@ class Coordinator:
         self.failures: dict[str, int] = {}
         self._losses: dict[str, str] = {}  # workers lost in this turn of the loop, and why (see _lost)
         self.tracebacks: dict[str, str] = {}
+        self._raised: dict[str, str] = {}  # a worker's reported failure, until its loss names it as the cause
+        self._last_traceback: str | None = None  # printed by the launcher when the job fails after it
+        self._cancelled = False  # stopped by the person who started it: what follows is not the job's doing
         self.record = Record(
             self.events, record_commits=config.record_commits, progress_interval_s=config.progress_interval_s
         )
@@ -112,7 +116,7 @@ class Coordinator:
         self._registered: set[str] = set()  # worker ids that ever joined
         self._agent_nproc: dict[str, int] = {}  # training processes each node's agent starts
         self.agent_registrations: Counter[str] = Counter()  # agents registered per node, over the job
-        self._final_exits: list[ExitRecord] = []  # processes that ended for good before the job ran
+        self._early_exits: list[ExitRecord] = []  # processes that ended before the job ran
         self._first_loop: tuple[str, LoopSettings] | None = None  # every worker's loop must be this one
         self.pool_keep_pending = 0  # read by the Slurm launcher, set by `grow --keep-pending`
         self.pool_partition: str | None = None
@@ -285,12 +289,16 @@ class Coordinator:
         joined = e.worker_id in self._registered
         if e.returncode != 0 and e.worker_id in self.state.ended:
             self.record.failed_after_training(f"{e.worker_id} exited with {e.returncode}")
-        if self.state.phase != "rendezvous" or e.will_restart:
+        if self.state.phase != "rendezvous":
             return
-        self._final_exits.append(ExitRecord(e.worker_id, node, e.returncode, e.stderr_tail, joined))
+        exit_ = ExitRecord(e.worker_id, node, e.returncode, e.stderr_tail, joined, final=not e.will_restart)
+        self._early_exits.append(exit_)
         alive = sum(1 for w in self.workers if w != e.worker_id)
-        verdict = never_joined_verdict(self._agent_nproc, self._final_exits, alive)
+        verdict = never_joined_verdict(self._agent_nproc, self._early_exits, alive)
         if verdict is not None:
+            told = next((x.stderr_tail for x in self._early_exits if x.stderr_tail), None)
+            if told is not None:
+                self.record.failed(told)  # the first failure's whole traceback, printed by the launcher
             self._feed(m.Abort(verdict))
 
     async def _next_message(self, reader: asyncio.StreamReader, sender: str) -> msg.Message | None:
@@ -314,13 +322,18 @@ class Coordinator:
             peer.writer.close()
         self._lost(wid, cause)
 
+    def _lost_cause(self, wid: str, cause: str) -> str:
+        """Why `wid` is gone, by its own report where it made one: its script raised."""
+        raised = self._raised.pop(wid, None)
+        return f"the script of {wid} raised {raised[:300]}" if raised is not None else cause
+
     def _lost(self, wid: str, cause: str) -> None:
         """`wid` is gone: the reducer hears of it at the end of this turn of the loop, with every other loss
         of the same turn. A node's connections (or a rack's) close together; one generation answers them all,
         not one per connection, each announced to every member (O(N^2) frames for a rack at 4,096 nodes)."""
         if not self._losses:
             asyncio.get_running_loop().call_soon(self._report_losses)
-        self._losses.setdefault(wid, cause)
+        self._losses.setdefault(wid, self._lost_cause(wid, cause))
 
     def _report_losses(self) -> None:
         losses, self._losses = self._losses, {}
@@ -360,11 +373,15 @@ class Coordinator:
             self.events.emit(e.kind, worker=wid, **fields)
 
     def _on_failure(self, f: msg.Failure) -> None:
+        self._raised[f.worker_id] = f.signature
         self.failures = record_failure(self.failures, f.signature)
         if f.signature in self.tracebacks or len(self.tracebacks) < MAX_TRACEBACKS:
             self.tracebacks[f.signature] = f.traceback
+        self._last_traceback = f.traceback
         self.events.record(UserFailure(f.worker_id, f.signature, self.failures[f.signature]))
         verdict = identical_failure_verdict(self.failures, self.config.max_identical_failures)
+        if f.fatal:  # no restart can mend a misuse of the job: the same script misuses it again
+            verdict = f"the training script misused the job on {f.worker_id}: {f.signature}"
         if verdict is not None:
             self.record.failed(f.traceback)
             self._feed(m.Abort(verdict))
@@ -380,7 +397,18 @@ class Coordinator:
 
     # --- the reducer and its actions ------------------------------------------------------------------
 
+    def cancel(self, reason: str) -> None:
+        """The launcher is stopping the job on its user's word (Ctrl-C): say so, once, and take the losses of
+        the processes it then ends for what they are, not for a failure of the job."""
+        if self._cancelled or self.state.phase in ("finished", "failed", "suspended"):
+            return
+        self._cancelled = True
+        self.events.record(JobCancelled(reason, self.record.last_step))
+        self.done.set()
+
     def _feed(self, event: m.Event) -> m.Outcome:
+        if self._cancelled:
+            return m.Outcome(self.state, (), "the job was cancelled")
         before = self.state
         outcome = m.decide(before, event, time.monotonic(), self.policy)
         self.state = outcome.state
@@ -420,13 +448,16 @@ class Coordinator:
                 self.events.record(JobSuspended(action.reason, action.step))
                 self._stop_everyone(msg.Stop(reason="suspended"))
             case m.Fail():
+                if self._last_traceback is not None and self.record.view().failure_traceback is None:
+                    self.record.failed(self._last_traceback)  # the members were lost to their script's exception
                 self.events.record(JobFailed(action.reason))
                 self._stop_everyone(msg.Stop(reason="failed", error=action.reason))
 
     def _announce(self, a: m.Announce, before: m.State, event: m.Event) -> None:
         gen = a.generation
         self._registered.clear()  # the job runs: only exits before the next rendezvous matter again
-        self._final_exits.clear()
+        self._last_traceback = None  # the job went on after it
+        self._early_exits.clear()
         self.store.prune(gen.number)  # the older generations' groups are formed or abandoned: drop their keys
         old = before.generation
         diff = ranks_change(old, gen) if old is not None else None

@@ -194,6 +194,9 @@ class LocalJob:
         self._cancelled = reason
 
     def stop(self) -> None:
+        if self._cancelled is not None and self.coordinator is not None:  # before its processes are ended
+            with contextlib.suppress(Exception):
+                self.coordinator.call(self.coordinator.coordinator.cancel, f"stopped by {self._cancelled}")
         for proc in self.agents.values():
             if proc.poll() is None:
                 with contextlib.suppress(ProcessLookupError):

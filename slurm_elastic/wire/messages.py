@@ -113,6 +113,7 @@ class Failure(_Msg):
     worker_id: WorkerId
     signature: str = Field(max_length=2000)
     traceback: str = Field(max_length=64_000)
+    fatal: bool = False  # a misuse of the job (UsageError): the same script does the same again, so no retry
 
 
 class CollectiveFault(_Msg):

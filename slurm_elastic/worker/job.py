@@ -261,11 +261,13 @@ class ElasticJob:
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Write the job's whole state (model, optimizer, scheduler, RNG, cursor, extra_state) to `path`;
-        `ElasticJob(..., resume_from=path)` starts from it. Call it between steps: on one rank (a file), or
-        on every rank for a `fully_shard` model (a directory of shards, docs/fsdp.md)."""
+        `ElasticJob(..., resume_from=path)` starts from it. Call it between steps (before a step's first
+        backward counts: nothing of that step is applied yet): on one rank (a file), or on every rank for a
+        `fully_shard` model (a directory of shards, docs/fsdp.md)."""
         self._join()
-        if self._stepper.live is not None:
-            raise save_during_step(self._stepper.live.number)
+        live = self._stepper.live
+        if live is not None and live.backwarded:
+            raise save_during_step(live.number)
         self._strategy.save(Path(path))
         log.info("snapshot_saved", path=str(path), step=self._held.step)
         return Path(path)

@@ -99,7 +99,12 @@ class ProcessHooks:
         text = f"{signature}\n{exc}\n"
         self._reported.append(exc)
         with contextlib.suppress(Exception):  # the connection may be gone already; the exit code still says it
-            self.send(Failure(worker_id=self.worker_id, signature=signature[:2000], traceback=text[-60_000:]))
+            self.send(
+                Failure(
+                    worker_id=self.worker_id, signature=signature[:2000], traceback=text[-60_000:],
+                    fatal=isinstance(exc, UsageError),
+                )
+            )  # fmt: skip
         self.exit_code = 1
         self._exit_1_at_exit()
 
@@ -185,7 +190,8 @@ class ProcessHooks:
             if _reportable(exc) and not any(exc is sent for sent in self._reported):
                 text = "".join(traceback.format_exception(kind, exc, tb))
                 signature = failure_signature(kind, exc, tb)
-                self.send(Failure(worker_id=self.worker_id, signature=signature, traceback=text[-60_000:]))
+                fatal = isinstance(exc, UsageError)
+                self.send(Failure(worker_id=self.worker_id, signature=signature, traceback=text[-60_000:], fatal=fatal))
                 self.crashed = True
             self._crash_seen.set()
             self.flush()  # leave the job now (a dropped loop's own report is not sent)

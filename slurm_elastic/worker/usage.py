@@ -54,8 +54,9 @@ def backward_outside() -> UsageError:
 
 def save_during_step(step: int) -> UsageError:
     return UsageError(
-        f"job.save() called during step {step}: save between steps (after the loop, after an epoch's "
-        "micro-batches, or in an on_step / on_epoch hook)"
+        f"job.save() called during step {step}, after its first job.backward(): save between steps (before a "
+        "step's first job.backward(), after the loop, after an epoch's micro-batches, or in an on_step / "
+        "on_epoch hook)"
     )
 
 

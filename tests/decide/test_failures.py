@@ -7,6 +7,7 @@ import pytest
 from slurm_elastic.decide.failures import (
     ExitRecord,
     identical_failure_verdict,
+    last_line,
     never_joined_verdict,
     record_failure,
     restart_decision,
@@ -79,8 +80,49 @@ def test_restarts_back_off_after_the_first() -> None:
 # --- a job none of whose processes joined -----------------------------------------------------------
 
 
-def ended(node: str, code: int = 2, tail: str = "", joined: bool = False, worker: str | None = None) -> ExitRecord:
-    return ExitRecord(worker or f"{node}:0:3", node, code, tail, joined)
+def ended(
+    node: str, code: int = 2, tail: str = "", joined: bool = False, worker: str | None = None, final: bool = True
+) -> ExitRecord:
+    return ExitRecord(worker or f"{node}:0:3", node, code, tail, joined, final)
+
+
+TYPO = "Traceback (most recent call last):\n  ...\ntrain.py: error: unrecognized arguments: --lrr 0.1\n"
+
+
+def test_every_process_failing_alike_in_its_first_start_fails_the_job_at_once() -> None:
+    nodes = {"n1": 2, "n2": 2}
+    starts = [ended(n, tail=TYPO, worker=f"{n}:{r}:0", final=False) for n in ("n1", "n2") for r in (0, 1)]
+    assert never_joined_verdict(nodes, starts[:3], 0) is None, "n2:1 may still start well"
+    verdict = never_joined_verdict(nodes, starts, 0)
+    assert verdict == (
+        "the training command exited with 2 on every node without joining the job: "
+        "train.py: error: unrecognized arguments: --lrr 0.1"
+    )
+
+
+def test_a_silent_failure_is_restarted_first() -> None:
+    assert never_joined_verdict({"n1": 1}, [ended("n1", code=7, final=False)], 0) is None
+
+
+def test_a_restart_counts_as_the_same_process_slot() -> None:
+    again = [ended("n1", tail=TYPO, worker="n1:0:0", final=False), ended("n1", tail=TYPO, worker="n1:0:1")]
+    assert never_joined_verdict({"n1": 2}, again, 0) is None, "n1:1 has not failed yet"
+
+
+def test_failures_that_differ_wait_for_every_process_to_end_for_good() -> None:
+    nodes = {"n1": 1, "n2": 1}
+    other = "OSError: [Errno 5] Input/output error\n"
+    starts = [ended("n1", tail=TYPO, final=False), ended("n2", tail=other, final=False)]
+    assert never_joined_verdict(nodes, starts, 0) is None, "a restart may mend one of them"
+    done = [*starts, ended("n1", tail=TYPO), ended("n2", tail=other)]
+    verdict = never_joined_verdict(nodes, done, 0)
+    assert verdict is not None and verdict.endswith("on n1 without joining the job: " + TYPO.splitlines()[-1])
+
+
+def test_the_last_line_is_the_exceptions_own() -> None:
+    assert last_line(TYPO) == "train.py: error: unrecognized arguments: --lrr 0.1"
+    assert last_line("  \n\n") == ""
+    assert last_line("x" * 1000, limit=10) == "x" * 10
 
 
 def test_fails_once_every_node_has_ended_for_good_without_joining() -> None:

@@ -6,6 +6,8 @@ leave:    every rank leaves that loop at step boundary 3 (a break before step 4'
 disagree: rank 0 alone leaves it at step boundary 3
 lengths:  rank 1 asks for one step more than rank 0
 stop:     rank 0 calls job.stop() after step 2, and the loop of every rank ends at the next boundary
+save_top: rank 0 saves at the top of a step of `for step in job.steps(6)`, before its first backward (allowed)
+save_mid: rank 0 saves after step 3's first backward
 outside:  calls job.backward(loss) between two epochs, outside any micro-batch
 twice:    calls job.micro_batches(5) once per "epoch", as if total_steps counted one epoch's steps
 """
@@ -25,9 +27,11 @@ from regression_data import RegressionData
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    modes = ["break", "leave", "disagree", "lengths", "stop", "outside", "twice"]
+    modes = ["break", "leave", "disagree", "lengths", "stop", "save_top", "save_mid", "outside", "twice"]
+    parser.add_argument("--save-to", type=Path)
     parser.add_argument("--mode", choices=modes, required=True)
-    mode = parser.parse_args().mode
+    args = parser.parse_args()
+    mode = args.mode
     torch.manual_seed(0)
     model = torch.nn.Linear(20, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -48,6 +52,18 @@ def main() -> None:
             if mode == "stop" and job.rank == 0 and job.step == 2:
                 job.stop("enough for this test")
         print(f"after the loop at step {job.step}, rank {job.rank} of {job.world_size}", flush=True)
+    elif mode == "save_top":
+        for step in job.steps(6):
+            if job.rank == 0 and job.step == 3:
+                job.save(args.save_to)
+            for x, y in step.micro_batches():
+                step.backward(F.mse_loss(model(x), y))
+        print(f"after the loop at step {job.step}", flush=True)
+    elif mode == "save_mid":
+        for x, y in job.micro_batches(6):
+            job.backward(F.mse_loss(model(x), y))
+            if job.rank == 0 and job.step == 2:
+                job.save(args.save_to)
     elif mode == "outside":
         for _ in job.epochs(3):
             for x, y in job.micro_batches():

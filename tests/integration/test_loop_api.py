@@ -147,6 +147,39 @@ def test_a_joiner_receives_the_user_state_and_counts_epochs_from_where_it_joins(
     assert close_to(late["params"], REFERENCE_15)
 
 
+def test_state_one_rank_alone_changes_reaches_a_joiner_from_the_lowest_rank() -> None:
+    """An evaluation on rank 0 only: the joiner gets rank 0's plain values (docs/api.md says so)."""
+    release = threading.Event()
+
+    def train(env: WorkerEnv, ports: Ports) -> dict[str, Any]:
+        net, job = build(env, ports, extra_state={"evaluated_at": -1})
+        for x, y in job.micro_batches(15):
+            if job.step == 11:
+                release.wait(30)
+            if job.rank == 0:
+                job.extra_state["evaluated_at"] = job.step
+            job.backward(nn.functional.mse_loss(net(x), y))
+        return {"seen": job.extra_state["evaluated_at"], "rank": job.rank}
+
+    job = ThreadJob(train, nodes=2).start()
+    try:
+        job.wait_step(10)
+        joiner = job.add_rank()
+        deadline = time.monotonic() + 30
+        while not job.coordinator.status().pending:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        release.set()
+        results = job.join()
+    finally:
+        job.stop()
+    assert all(r.error is None for r in results.values()), [r.error for r in results.values()]
+    late = results[joiner].value
+    assert late["rank"] != 0 and 10 <= late["seen"] <= 13, late  # rank 0's value at the join boundary
+    assert results["t1:0:0"].value == {"seen": 14, "rank": 0}
+    assert results["t2:0:0"].value["seen"] == -1, "a rank already in the job keeps its own copy"
+
+
 def test_a_snapshot_saved_by_the_script_resumes_the_run_where_it_stopped(tmp_path: Path) -> None:
     snap = tmp_path / "snapshot.pt"
     stats = {"epochs_run": 0}

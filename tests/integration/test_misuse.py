@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from slurm_elastic.worker.checkpoints.checkpoint import read_checkpoint
+
 pytestmark = [pytest.mark.multiproc, pytest.mark.timeout(300)]
 
 SCRIPT = Path(__file__).with_name("misuse_script.py")
@@ -23,6 +25,7 @@ def run(tmp: Path, mode: str) -> tuple[int, str]:
     argv = [
         sys.executable, "-m", "slurm_elastic", "run", "--local", "--nodes", "2", "--heartbeat-interval-s", "0.2",
         "--lease-timeout-s", "3", "--", sys.executable, str(SCRIPT), "--mode", mode,
+        "--save-to", str(tmp / "saved.pt"),
     ]  # fmt: skip
     proc = subprocess.Popen(
         argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
@@ -46,6 +49,7 @@ def run(tmp: Path, mode: str) -> tuple[int, str]:
             "the loop of local1:0:0 at step 3 (job.micro_batches() left at step 3) ended, but local2:0:0 went on",
         ),
         ("lengths", "the workers' training loops differ: total_steps "),
+        ("save_mid", "UsageError: job.save() called during step 3, after its first job.backward(): save between"),
         ("outside", "UsageError: job.backward() called outside a micro-batch"),
     ],
 )
@@ -54,8 +58,8 @@ def test_a_misused_loop_fails_the_job_with_the_documented_error(tmp_path: Path, 
     assert code != 0, out[-3000:]
     assert error in out, out[-3000:]
     assert "job_finished" not in out
-    if mode in ("break", "outside"):
-        assert "user_failure" in out
+    if mode in ("break", "save_mid", "outside"):
+        assert "user_failure" in out and "all members lost" not in out
 
 
 @pytest.mark.parametrize(("mode", "step"), [("leave", 3), ("stop", None)])
@@ -69,6 +73,13 @@ def test_a_loop_every_rank_leaves_at_one_boundary_ends_the_job_there(tmp_path: P
     else:
         assert "enough for this test" in out
     assert "job_finished" in out and "user_failure" not in out
+
+
+def test_a_save_before_a_steps_first_backward_is_between_steps_and_resumes_there(tmp_path: Path) -> None:
+    code, out = run(tmp_path, "save_top")
+    assert code == 0 and "after the loop at step 6" in out, out[-3000:]
+    step, _ = read_checkpoint(tmp_path / "saved.pt")
+    assert step == 3
 
 
 def test_calling_the_loop_again_after_it_finished_is_an_error_and_the_worker_exits_1(tmp_path: Path) -> None:

@@ -50,6 +50,12 @@ def test_clean_run(tmp_path: Path) -> None:
     assert analyze(tmp_path) == LedgerReport(3, 12, 12, 0, 0, 0)
 
 
+def test_a_path_given_as_a_string_reads_the_same(tmp_path: Path) -> None:
+    write(tmp_path, "a", clean_steps(0, 1, range(1, 4), "a"))
+    write(tmp_path, "b", clean_steps(0, 1, range(1, 4), "b"))
+    assert analyze(str(tmp_path)) == analyze(tmp_path) == LedgerReport(3, 12, 12, 0, 0, 0)
+
+
 def test_duplicated_contribution(tmp_path: Path) -> None:
     write(tmp_path, "a", clean_steps(0, 1, range(1, 4), "a"))
     b = clean_steps(0, 1, range(1, 4), "b")
