@@ -202,6 +202,13 @@ class ElasticJob:
         return epoch_of(self._held.cursor, self._order.num_samples)
 
     @property
+    def global_batch(self) -> int:
+        """The samples of one optimizer step over all ranks (fixed for the job's life unless
+        `per_replica_batch=` lets it follow the world size)."""
+        self._join()
+        return self._stepper.plan.step_samples
+
+    @property
     def loss(self) -> float | None:
         """The last committed step's mean loss over its whole global batch (the same on every rank)."""
         return self._stepper.loss

@@ -84,6 +84,7 @@ def epoch_trainer(epochs: int, gate: Callable[[int], None] | None = None) -> Cal
         stats: dict[str, Any] = {"epochs_run": 0, "ema": ema}
         net, job = build(env, ports, extra_state=stats)
         identity = (job.rank, job.world_size)  # known before the loop: the first use joins the job
+        assert job.global_batch == GLOBAL_BATCH
         ended: list[tuple[int, int]] = []
         job.on_epoch(lambda epoch: ended.append((epoch, job.step)))
 
