@@ -38,8 +38,9 @@ def bookkeeping(job: ThreadJob) -> dict[str, int]:
         "workers": len(coord.workers),
         "members": len(coord.state.workers),
         "registered": len(coord._registered),
-        "final_exits": len(coord._final_exits),
+        "early_exits": len(coord._early_exits),
         "tracebacks": len(coord.tracebacks),
+        "raised": len(coord._raised),
         "drained": len(coord.drained_nodes),
         "events": len(coord.events.all()),
     }

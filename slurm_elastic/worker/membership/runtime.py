@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from pydantic import BaseModel
 
 from slurm_elastic.decide import worker as decide
@@ -24,6 +25,7 @@ from slurm_elastic.wire.messages import StateLost as StateLostMessage
 from slurm_elastic.worker.env import WorkerEnv
 from slurm_elastic.worker.membership.comm import CollectiveFailed, Group, Interrupt, Interrupted, pick_backend
 from slurm_elastic.worker.membership.control import ControlFailed, CoordinatorLost, Identity, JobOver
+from slurm_elastic.worker.membership.torchworld import DefaultGroup
 from slurm_elastic.worker.phases import PhaseHooks
 from slurm_elastic.worker.ports import Control, Ports
 from slurm_elastic.worker.strategy import Held, Strategy, SyncResult
@@ -70,6 +72,7 @@ class Runtime:
         self.checkpoints = False  # whether this worker writes disaster-recovery checkpoints
         self.every_rank_saves = False  # whether every rank writes its part of them (a sharded job)
         self._backend = "gloo"
+        self.torch_world = DefaultGroup() if ports.process_hooks else None  # ranks as threads share torch's
 
     # --- life cycle -----------------------------------------------------------------------------------
 
@@ -88,6 +91,8 @@ class Runtime:
         """No coordinator: this process is the whole job."""
         self.group = Group(None, 0, 1, 1, self.interrupt)
         self.generation, self.rank, self.world = 1, 0, 1
+        if self.torch_world is not None:
+            self.torch_world.install(None, 0, 1, self.device.type, None)
         return self.group
 
     def close(self) -> None:
@@ -131,6 +136,8 @@ class Runtime:
     # --- generations ----------------------------------------------------------------------------------
 
     def abandon(self) -> None:
+        if self.torch_world is not None:
+            self.torch_world.remove()  # first: torch's default group never points at an abandoned one
         if self.group is not None:
             self.group.abandon()
             self.group = None
@@ -219,6 +226,10 @@ class Runtime:
             timeout_s=settings.pg_timeout_s,
             interrupt=self.interrupt,
         )
+        if self.torch_world is not None:
+            scope = f"{settings.store_prefix}/g{ann.generation}/torch"  # dropped with the generation's keys
+            user_store = dist.PrefixStore(scope, self.store) if isinstance(self.store, dist.Store) else None
+            self.torch_world.install(self.group.pg, ann.rank, len(ann.ranks), self.device.type, user_store)
         formed = time.monotonic()
         self.phases.fire("recovery", step + 1)
         transfer = lambda: self.phases.fire("transfer", step + 1)  # noqa: E731

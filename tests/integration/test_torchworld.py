@@ -1,0 +1,120 @@
+"""torch.distributed works inside the job: the default process group is the current generation's, so a
+script's own helpers (`dist.get_rank()` choosing who saves, `dist.all_reduce` of its own metric,
+`dist.get_world_size()`) follow every change of membership, and its own `torch.save` checkpoint matches an
+uninterrupted run's (tests/integration/torchworld_script.py)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from slurm_elastic.config import JobConfig
+from slurm_elastic.events import read_events
+from slurm_elastic.eventtypes import MembershipChange, of_kind
+from slurm_elastic.launch.local import LocalJob
+from slurm_elastic.showcase.metrics import max_param_rel_diff
+
+pytestmark = [pytest.mark.multiproc, pytest.mark.timeout(300)]
+
+SCRIPT = Path(__file__).with_name("torchworld_script.py")
+STEPS = 20
+
+
+def config(out: Path, nodes: int) -> JobConfig:
+    return JobConfig(
+        nodes=nodes, heartbeat_interval_s=0.2, lease_timeout_s=3.0, max_restarts=0, progress_interval_s=1000.0,
+        reduce_dtype="float64",
+    )  # fmt: skip
+
+
+def command(save: Path, gates: str = "") -> list[str]:
+    return [sys.executable, str(SCRIPT), "--steps", str(STEPS), "--save", str(save), "--gates", gates]
+
+
+def worlds_of(job: LocalJob) -> list[int]:
+    return [e.world for e in of_kind(read_events(job.dir / "events.jsonl"), MembershipChange)]
+
+
+def test_the_default_group_follows_a_kill_and_a_join_and_the_scripts_own_checkpoint_matches(tmp_path: Path) -> None:
+    ref = tmp_path / "reference"
+    job = LocalJob(command(ref / "own.pt"), config(ref, 3), log_dir=ref / "logs", root=ref)
+    job.start()
+    try:
+        assert job.wait(timeout=180).ok
+    finally:
+        job.stop()
+
+    out = tmp_path / "kill-join"
+    kill, join = out / "kill", out / "join"
+    gates = f"8:{kill},12:{join}"  # the kill lands between steps: not inside the script's own all_reduce
+    job = LocalJob(command(out / "own.pt", gates), config(out, 3), log_dir=out / "logs", root=out)
+    job.start()
+    try:
+        job.wait_until(lambda v: v.last_step >= 7, timeout=180)
+        job.kill_node("local2")
+        job.wait_until(lambda v: v.world == 2, timeout=60)
+        kill.touch()
+        job.add_node()
+        job.wait_until(lambda v: bool(job.coordinator and job.coordinator.status().pending), timeout=120)
+        join.touch()
+        result = job.wait(timeout=180)
+    finally:
+        job.stop()
+    assert result.ok, f"{result.phase}: {result.reason}\n{result.failure_traceback or ''}"
+    assert worlds_of(job) == [3, 2, 3]
+
+    logs = "".join(p.read_text() for p in (out / "logs").glob("*.log"))
+    lines = [line.split() for line in logs.splitlines() if line.startswith("world ")]
+    worlds = set()
+    for _, step, rank, world, dist_rank, dist_world, metric in lines:
+        assert (rank, world) == (dist_rank, dist_world), f"step {step}: the job's {rank}/{world}, torch's"
+        assert float(metric) == float(world), f"step {step}: the script's all_reduce summed over {metric} ranks"
+        worlds.add(int(world))
+    assert worlds == {2, 3}, "the default group was the generation's before the kill, after it, and after the join"
+    assert logs.count("after the loop: default group") == 3
+
+    got, want = torch.load(out / "own.pt"), torch.load(ref / "own.pt")
+    assert got["step"] == want["step"] == STEPS
+    assert max_param_rel_diff(got["model"], want["model"]) <= 1e-6
+
+
+FSDP_SCRIPT = Path(__file__).with_name("torchworld_fsdp_script.py")
+
+
+def fsdp_command(out: Path, gates: str = "") -> list[str]:
+    args = ["--steps", "12", "--dcp", str(out / "dcp"), "--full", str(out / "full.pt"), "--gates", gates]
+    return [sys.executable, str(FSDP_SCRIPT), *args]
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")  # the test's own no_dist load
+def test_an_fsdp2_scripts_own_dcp_checkpoint_is_written_after_a_kill_and_a_join(tmp_path: Path) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    out = tmp_path / "fsdp"
+    kill, join = out / "kill", out / "join"
+    job = LocalJob(fsdp_command(out, f"5:{kill},8:{join}"), config(out, 3), log_dir=out / "logs", root=out)
+    job.start()
+    try:
+        job.wait_until(lambda v: v.last_step >= 4, timeout=180)
+        job.kill_node("local3")
+        job.wait_until(lambda v: v.world == 2, timeout=60)
+        kill.touch()
+        job.add_node()
+        job.wait_until(lambda v: bool(job.coordinator and job.coordinator.status().pending), timeout=120)
+        join.touch()
+        result = job.wait(timeout=240)
+    finally:
+        job.stop()
+    assert result.ok, f"{result.phase}: {result.reason}\n{result.failure_traceback or ''}"
+    assert worlds_of(job) == [3, 2, 3]
+    logs = "".join(p.read_text() for p in (out / "logs").glob("*.log"))
+    assert sorted(line for line in logs.splitlines() if line.startswith("saved by")) == [
+        "saved by rank 0 of 3", "saved by rank 1 of 3", "saved by rank 2 of 3",
+    ]  # fmt: skip
+    full = torch.load(out / "full.pt")
+    loaded = {"model": {name: torch.zeros_like(t) for name, t in full.items()}}
+    dcp.load(loaded, checkpoint_id=out / "dcp", no_dist=True)  # the shards of every rank, read back whole
+    assert all(torch.equal(loaded["model"][name], full[name]) for name in full)
