@@ -526,7 +526,6 @@ class ElasticJob:
         """The job is complete: the loop returns, and the group stays formed for the script's code after it."""
         self._stepper.set_phase("done")
         self._usage.finish(self._held.step)
-        log.info("loop_ended", worker=self.env.worker_id, step=self._held.step)
         if self._stepper.checkpoints:
             self._stepper.checkpoints.save_now(self._held)
         self.close()

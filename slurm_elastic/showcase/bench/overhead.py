@@ -115,7 +115,8 @@ def _run_elastic(plan: OverheadPlan, size: Size, data: Path, out: Path, dtype: s
         progress_interval_s=1e9,
         reduce_dtype=dtype,
     )
-    job = LocalJob([sys.executable, *_loop_args(plan, size, data, out, mode)], config, root=out).start()
+    argv = [sys.executable, *_loop_args(plan, size, data, out, mode)]
+    job = LocalJob(argv, config, root=out, log_dir=out / "logs").start()  # not into the bench's JSON on stdout
     try:
         result = job.wait(timeout=1800)
     finally:
