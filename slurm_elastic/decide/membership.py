@@ -6,8 +6,9 @@ sleeps, reads a clock or touches a socket, so every path is tested without proce
 
 A job ends when every member's training loop has ended at the same committed step (`Done`); a member
 whose loop ended keeps its place, heals peers in any later generation and reports again, so the end waits
-for whoever is behind. Members that end at different steps, or one that goes on past another's end
-(`WentOn`), fail the job with both sides named: their loops disagree, and waiting would hang.
+for whoever is behind; no one joins meanwhile (a joiner would run on past that step). Members that end at
+different steps, or one that goes on past another's end (`WentOn`), fail the job with both sides named:
+their loops disagree, and waiting would hang.
 
 Two kinds of change:
 - abrupt (a member was lost): generation g+1 starts at once; survivors abort the step in flight and
@@ -370,7 +371,8 @@ def _abrupt(state: State, lost: set[str], leaving: set[str], cause: str, policy:
         drained, draining = set(), state.draining
     draining = _hosting(draining, workers)
     members = set(gen.ranks)  # a set: this runs once per lost worker, over every worker
-    joiners = [workers[w] for w in workers if w not in members]
+    # A survivor whose loop ended makes the job end at that step: a joiner would run on past it (WentOn).
+    joiners = [] if base.ended else [workers[w] for w in workers if w not in members]
     ranks = order_ranks(survivors, joiners)
     new_gen = Generation(gen.number + 1, ranks, None, cause)
     # Every survivor is on a draining node: they stay for now, and the drain still needs a boundary of g+1.

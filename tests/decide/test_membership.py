@@ -227,6 +227,17 @@ def test_a_member_whose_loop_ended_is_still_a_member() -> None:
     assert isinstance(only(done.actions, m.Complete), m.Complete) and done.state.phase == "finished"
 
 
+def test_no_one_joins_a_generation_whose_loop_is_ending() -> None:
+    """A joiner healed at the step where the others' loops ended would run on past it (WentOn): it waits
+    until the job completes, and is then told the job is over."""
+    pol = policy(3)
+    state = feed(running(3), pol, m.Joined(worker(4)), m.Done("w1", 1, 7)).state
+    out = m.decide(state, m.Lost(("w2",), "crash"), 0.0, pol)
+    assert announce(out).generation.ranks == ("w1", "w3") and "w4" in out.state.joiners
+    done = feed(out.state, pol, m.Done("w1", 2, 7), m.Done("w3", 2, 7))
+    assert done.state.phase == "finished"
+
+
 def test_losing_the_only_member_not_yet_ended_completes() -> None:
     pol = policy(3)
     state = feed(running(3), pol, m.Done("w1", 1, 5), m.Done("w3", 1, 5)).state
