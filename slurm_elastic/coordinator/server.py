@@ -24,10 +24,11 @@ from slurm_elastic.coordinator.config import CoordinatorConfig
 from slurm_elastic.coordinator.connections import Connections, allow_open_files
 from slurm_elastic.coordinator.peers import Peer, PublicView
 from slurm_elastic.coordinator.record import Record
+from slurm_elastic.coordinator.scripts import ScriptReports
 from slurm_elastic.decide import membership as m
-from slurm_elastic.decide.failures import ExitRecord, identical_failure_verdict, never_joined_verdict, record_failure
+from slurm_elastic.decide.failures import ExitRecord
 from slurm_elastic.decide.health import Liveness, find_unresponsive, stalled_for
-from slurm_elastic.decide.loops import LoopSettings, loop_difference, step_running
+from slurm_elastic.decide.loops import LoopSettings, step_running
 from slurm_elastic.errors import InvalidMessage, ProtocolError
 from slurm_elastic.events import EventLog
 from slurm_elastic.eventtypes import (
@@ -66,7 +67,6 @@ from slurm_elastic.wire.channel import encode_frame, read_message, write_message
 log = get_logger("slurm_elastic.coordinator")
 TICK_S = 0.1
 LIVENESS_S = 0.5  # leases and hangs are judged this often: a scan is O(peers), the lease is seconds long
-MAX_TRACEBACKS = 100
 _RESERVED_FIELDS = frozenset({"event", "job", "time", "worker", "quiet", "kind"})  # set by the coordinator
 STORE_PREFIX = "rdzv"  # generation g's keys: rdzv/g<g>/...
 
@@ -98,11 +98,8 @@ class Coordinator:
         self.state = m.State()
         self.workers: dict[str, Peer] = {}
         self.agents: dict[str, Peer] = {}
-        self.failures: dict[str, int] = {}
         self._losses: dict[str, str] = {}  # workers lost in this turn of the loop, and why (see _lost)
-        self.tracebacks: dict[str, str] = {}
-        self._raised: dict[str, str] = {}  # a worker's reported failure, until its loss names it as the cause
-        self._last_traceback: str | None = None  # printed by the launcher when the job fails after it
+        self.scripts = ScriptReports(config.max_identical_failures)
         self._cancelled = False  # stopped by the person who started it: what follows is not the job's doing
         self.record = Record(
             self.events, record_commits=config.record_commits, progress_interval_s=config.progress_interval_s
@@ -116,8 +113,6 @@ class Coordinator:
         self._registered: set[str] = set()  # worker ids that ever joined
         self._agent_nproc: dict[str, int] = {}  # training processes each node's agent starts
         self.agent_registrations: Counter[str] = Counter()  # agents registered per node, over the job
-        self._early_exits: list[ExitRecord] = []  # processes that ended before the job ran
-        self._first_loop: tuple[str, LoopSettings] | None = None  # every worker's loop must be this one
         self.pool_keep_pending = 0  # read by the Slurm launcher, set by `grow --keep-pending`
         self.pool_partition: str | None = None
         self.drained_nodes: set[str] = set()  # every node ever asked to leave: never relaunched
@@ -234,9 +229,7 @@ class Coordinator:
             self._feed(m.WentOn(wid, peer.generation, running))
 
     def _on_loop_opened(self, wid: str, settings: LoopSettings) -> None:
-        if self._first_loop is None:
-            self._first_loop = (wid, settings)
-        elif (difference := loop_difference(*self._first_loop, wid, settings)) is not None:
+        if (difference := self.scripts.loop_opened(wid, settings)) is not None:
             self._feed(m.Abort(difference))
 
     async def serve_agent(
@@ -292,11 +285,10 @@ class Coordinator:
         if self.state.phase != "rendezvous":
             return
         exit_ = ExitRecord(e.worker_id, node, e.returncode, e.stderr_tail, joined, final=not e.will_restart)
-        self._early_exits.append(exit_)
         alive = sum(1 for w in self.workers if w != e.worker_id)
-        verdict = never_joined_verdict(self._agent_nproc, self._early_exits, alive)
+        verdict = self.scripts.exited_early(exit_, self._agent_nproc, alive)
         if verdict is not None:
-            told = next((x.stderr_tail for x in self._early_exits if x.stderr_tail), None)
+            told = self.scripts.first_words()
             if told is not None:
                 self.record.failed(told)  # the first failure's whole traceback, printed by the launcher
             self._feed(m.Abort(verdict))
@@ -322,18 +314,13 @@ class Coordinator:
             peer.writer.close()
         self._lost(wid, cause)
 
-    def _lost_cause(self, wid: str, cause: str) -> str:
-        """Why `wid` is gone, by its own report where it made one: its script raised."""
-        raised = self._raised.pop(wid, None)
-        return f"the script of {wid} raised {raised[:300]}" if raised is not None else cause
-
     def _lost(self, wid: str, cause: str) -> None:
         """`wid` is gone: the reducer hears of it at the end of this turn of the loop, with every other loss
         of the same turn. A node's connections (or a rack's) close together; one generation answers them all,
         not one per connection, each announced to every member (O(N^2) frames for a rack at 4,096 nodes)."""
         if not self._losses:
             asyncio.get_running_loop().call_soon(self._report_losses)
-        self._losses.setdefault(wid, self._lost_cause(wid, cause))
+        self._losses.setdefault(wid, self.scripts.cause_of_loss(wid, cause))
 
     def _report_losses(self) -> None:
         losses, self._losses = self._losses, {}
@@ -373,15 +360,8 @@ class Coordinator:
             self.events.emit(e.kind, worker=wid, **fields)
 
     def _on_failure(self, f: msg.Failure) -> None:
-        self._raised[f.worker_id] = f.signature
-        self.failures = record_failure(self.failures, f.signature)
-        if f.signature in self.tracebacks or len(self.tracebacks) < MAX_TRACEBACKS:
-            self.tracebacks[f.signature] = f.traceback
-        self._last_traceback = f.traceback
-        self.events.record(UserFailure(f.worker_id, f.signature, self.failures[f.signature]))
-        verdict = identical_failure_verdict(self.failures, self.config.max_identical_failures)
-        if f.fatal:  # no restart can mend a misuse of the job: the same script misuses it again
-            verdict = f"the training script misused the job on {f.worker_id}: {f.signature}"
+        verdict = self.scripts.failed(f)
+        self.events.record(UserFailure(f.worker_id, f.signature, self.scripts.failures[f.signature]))
         if verdict is not None:
             self.record.failed(f.traceback)
             self._feed(m.Abort(verdict))
@@ -432,7 +412,7 @@ class Coordinator:
             case m.RestartAll():
                 gen = before.generation
                 self.record.recovery_began((gen.number if gen else 0) + 1)
-                self._first_loop = None  # every worker starts its script again
+                self.scripts.scripts_restarted()
                 self.events.record(RestartAll(action.reason, tuple(sorted(self.agents))))
                 if action.fallback:
                     self._run_offset += 1  # a new run of the ledger: the replayed steps count once
@@ -448,16 +428,16 @@ class Coordinator:
                 self.events.record(JobSuspended(action.reason, action.step))
                 self._stop_everyone(msg.Stop(reason="suspended"))
             case m.Fail():
-                if self._last_traceback is not None and self.record.view().failure_traceback is None:
-                    self.record.failed(self._last_traceback)  # the members were lost to their script's exception
+                shown = self.scripts.last_traceback  # the members were lost to their script's exception
+                if shown is not None and self.record.view().failure_traceback is None:
+                    self.record.failed(shown)
                 self.events.record(JobFailed(action.reason))
                 self._stop_everyone(msg.Stop(reason="failed", error=action.reason))
 
     def _announce(self, a: m.Announce, before: m.State, event: m.Event) -> None:
         gen = a.generation
         self._registered.clear()  # the job runs: only exits before the next rendezvous matter again
-        self._last_traceback = None  # the job went on after it
-        self._early_exits.clear()
+        self.scripts.generation_formed()
         self.store.prune(gen.number)  # the older generations' groups are formed or abandoned: drop their keys
         old = before.generation
         diff = ranks_change(old, gen) if old is not None else None

@@ -38,9 +38,9 @@ def bookkeeping(job: ThreadJob) -> dict[str, int]:
         "workers": len(coord.workers),
         "members": len(coord.state.workers),
         "registered": len(coord._registered),
-        "early_exits": len(coord._early_exits),
-        "tracebacks": len(coord.tracebacks),
-        "raised": len(coord._raised),
+        "early_exits": len(coord.scripts.early_exits),
+        "tracebacks": len(coord.scripts.tracebacks),
+        "raised": coord.scripts.pending_causes(),
         "drained": len(coord.drained_nodes),
         "events": len(coord.events.all()),
     }
