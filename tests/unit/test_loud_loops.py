@@ -211,7 +211,9 @@ def test_a_failed_control_connection_ends_the_worker_as_a_crash() -> None:
         def next_announcement(self, after: int, timeout: float | None = None) -> None:
             raise ControlFailed("the se-heartbeat thread died: RuntimeError: boom")
 
-    runtime = Runtime(SimpleNamespace(), SimpleNamespace(), SimpleNamespace(), Interrupt(), torch.device("cpu"))  # type: ignore[arg-type]
+    runtime = Runtime(
+        SimpleNamespace(), SimpleNamespace(process_hooks=False), SimpleNamespace(), Interrupt(), torch.device("cpu")
+    )  # type: ignore[arg-type]
     runtime.control = Failed()  # type: ignore[assignment]
     with pytest.raises(WorkerEnded) as ended:
         runtime._next_announcement(False, SimpleNamespace(step=3, fresh=False))  # type: ignore[arg-type]

@@ -19,7 +19,7 @@ import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
 from slurm_elastic.logs import get_logger
-from slurm_elastic.worker.sharded.mesh import GenerationMesh, generation_mesh
+from slurm_elastic.worker.membership.registered import RegisteredGroup, register
 
 log = get_logger("slurm_elastic.worker")
 
@@ -28,8 +28,8 @@ class DefaultGroup:
     """Installs a generation's group as torch's default one, and takes it out again."""
 
     def __init__(self) -> None:
-        self._installed: GenerationMesh | None = None
-        self._foreign_seen = False
+        self._installed: RegisteredGroup | None = None
+        self._warned = False
 
     @property
     def installed(self) -> bool:
@@ -40,11 +40,19 @@ class DefaultGroup:
         `store` backs `dist.new_group()` calls the script makes (None: a store of this process only)."""
         self.remove()
         if dist.is_initialized():  # the script's own init_process_group: not ours to replace
-            if not self._foreign_seen:
-                self._foreign_seen = True
-                log.warning("default_group_kept", why="the script initialized torch.distributed itself")
+            self._warn_once("default_group_kept", "the script initialized torch.distributed itself")
             return
-        held = generation_mesh(backend, rank, world, "world", device_type)
+        try:
+            held = register(backend, rank, world, device_type, "world")
+            self._into_torch(held, world, device_type, store)
+        except (AttributeError, RuntimeError, TypeError) as exc:  # a torch without these private helpers
+            self._warn_once("default_group_unavailable", f"this torch lacks what registers it: {exc}"[:300])
+            return
+        self._installed = held
+
+    @staticmethod
+    def _into_torch(held: RegisteredGroup, world: int, device_type: str, store: Any) -> None:
+        """Torch's tables, as `init_process_group` fills them for its default group."""
         pg, name = held.group, held.name
         kind = "nccl" if device_type == "cuda" else "gloo"
         world_ = c10d._world
@@ -56,7 +64,11 @@ class DefaultGroup:
         world_.tags_to_pg.setdefault(f"ptd:{name}", []).append(pg)
         world_.tags_to_pg.setdefault("", []).append(pg)
         c10d._update_default_pg(pg)
-        self._installed = held
+
+    def _warn_once(self, event: str, why: str) -> None:
+        if not self._warned:
+            self._warned = True
+            log.warning(event, why=why)
 
     def remove(self) -> None:
         """Take the installed group out of torch's globals (a script's `destroy_process_group()` may have)."""
