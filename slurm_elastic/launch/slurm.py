@@ -48,6 +48,7 @@ from slurm_elastic.waiting import holds_within
 from slurm_elastic.wire.channel import new_secret
 
 log = get_logger("slurm_elastic.launch")
+AGENT_EXIT_S = 3.0  # from an agent's last word to its process's end, generously
 SATELLITE_TEMPLATE = Path(__file__).resolve().parents[2] / "sbatch_templates" / "elastic_satellite.sbatch"
 
 
@@ -313,6 +314,11 @@ class SlurmLaunch:
         for step in relaunched:
             if step.poll() is None:
                 step.terminate()
+        if self.srun is not None and self.srun.poll() is None:
+            # An agent that has just closed its connection is still exiting: ended by srun now, its node's
+            # task would be reported killed (and slurmstepd may hang on it). Give it a moment first.
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.srun.wait(timeout=AGENT_EXIT_S)
         if self.srun is not None and self.srun.poll() is None:
             self.srun.terminate()
             with contextlib.suppress(subprocess.TimeoutExpired):
