@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader, IterableDataset, WeightedRandomSampler
 from slurm_elastic.errors import ConfigError, UsageError
 from slurm_elastic.eventtypes import UserFailure, of_kind
 from slurm_elastic.showcase.metrics import max_param_rel_diff, tolerance
-from slurm_elastic.testing.threadranks import ThreadJob
+from slurm_elastic.testing.threadranks import RankResult, ThreadJob
 from slurm_elastic.worker import ElasticJob, ElasticLoader
 from slurm_elastic.worker.checkpoints.checkpoint import CheckpointError
 from slurm_elastic.worker.env import WorkerEnv, worker_env
@@ -126,9 +126,10 @@ def test_an_epoch_loop_trains_the_same_samples_as_the_flat_loop_and_runs_its_hoo
     assert close_to(done[0]["params"], REFERENCE_15), "2 epochs of 90 = 15 steps of 12, the same samples"
 
 
-def test_a_joiner_receives_the_user_state_and_counts_epochs_from_where_it_joins() -> None:
-    release = threading.Event()
-    job = ThreadJob(epoch_trainer(2, gate=lambda step: release.wait(30) if step == 11 else None), nodes=2).start()
+def join_after_step_10(job: ThreadJob, release: threading.Event) -> tuple[str, dict[str, RankResult]]:
+    """Start `job`, add a rank once step 10 is committed, `release` the members (who wait before step 11) once
+    the joiner is pending, and run the job to its end: the joiner's id and every rank's result."""
+    job.start()
     try:
         job.wait_step(10)
         joiner = job.add_rank()
@@ -137,9 +138,15 @@ def test_a_joiner_receives_the_user_state_and_counts_epochs_from_where_it_joins(
             assert time.monotonic() < deadline
             time.sleep(0.01)
         release.set()
-        results = job.join()
+        return joiner, job.join()
     finally:
         job.stop()
+
+
+def test_a_joiner_receives_the_user_state_and_counts_epochs_from_where_it_joins() -> None:
+    release = threading.Event()
+    job = ThreadJob(epoch_trainer(2, gate=lambda step: release.wait(30) if step == 11 else None), nodes=2)
+    joiner, results = join_after_step_10(job, release)
     assert all(r.error is None for r in results.values()), [r.error for r in results.values()]
     first, late = results["t1:0:0"].value, results[joiner].value
     assert late["ended"] == [(1, 15)] and first["ended"] == [(0, 8), (1, 15)]
@@ -162,18 +169,7 @@ def test_state_one_rank_alone_changes_reaches_a_joiner_from_the_lowest_rank() ->
             job.backward(nn.functional.mse_loss(net(x), y))
         return {"seen": job.extra_state["evaluated_at"], "rank": job.rank}
 
-    job = ThreadJob(train, nodes=2).start()
-    try:
-        job.wait_step(10)
-        joiner = job.add_rank()
-        deadline = time.monotonic() + 30
-        while not job.coordinator.status().pending:
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
-        release.set()
-        results = job.join()
-    finally:
-        job.stop()
+    joiner, results = join_after_step_10(ThreadJob(train, nodes=2), release)
     assert all(r.error is None for r in results.values()), [r.error for r in results.values()]
     late = results[joiner].value
     assert late["rank"] != 0 and 10 <= late["seen"] <= 13, late  # rank 0's value at the join boundary

@@ -6,6 +6,7 @@ uninterrupted run's (tests/integration/torchworld_script.py)."""
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -34,8 +35,26 @@ def command(save: Path, gates: str = "") -> list[str]:
     return [sys.executable, str(SCRIPT), "--steps", str(STEPS), "--save", str(save), "--gates", gates]
 
 
-def worlds_of(job: LocalJob) -> list[int]:
-    return [e.world for e in of_kind(read_events(job.dir / "events.jsonl"), MembershipChange)]
+def kill_join(out: Path, argv: Callable[[str], list[str]], *, kill_at: int, join_at: int, node: str) -> None:
+    """Run `argv(gates)` on 3 nodes: `node` killed while every rank waits before step `kill_at` (between
+    steps, so never inside the script's own collective), a new node joining before step `join_at`."""
+    kill, join = out / "kill", out / "join"
+    job = LocalJob(argv(f"{kill_at}:{kill},{join_at}:{join}"), config(out, 3), log_dir=out / "logs", root=out)
+    job.start()
+    try:
+        job.wait_until(lambda v: v.last_step >= kill_at - 1, timeout=180)
+        job.kill_node(node)
+        job.wait_until(lambda v: v.world == 2, timeout=60)
+        kill.touch()
+        job.add_node()
+        job.wait_until(lambda v: bool(job.coordinator and job.coordinator.status().pending), timeout=120)
+        join.touch()
+        result = job.wait(timeout=240)
+    finally:
+        job.stop()
+    assert result.ok, f"{result.phase}: {result.reason}\n{result.failure_traceback or ''}"
+    worlds = [e.world for e in of_kind(read_events(job.dir / "events.jsonl"), MembershipChange)]
+    assert worlds == [3, 2, 3], worlds
 
 
 def test_the_default_group_follows_a_kill_and_a_join_and_the_scripts_own_checkpoint_matches(tmp_path: Path) -> None:
@@ -48,23 +67,7 @@ def test_the_default_group_follows_a_kill_and_a_join_and_the_scripts_own_checkpo
         job.stop()
 
     out = tmp_path / "kill-join"
-    kill, join = out / "kill", out / "join"
-    gates = f"8:{kill},12:{join}"  # the kill lands between steps: not inside the script's own all_reduce
-    job = LocalJob(command(out / "own.pt", gates), config(out, 3), log_dir=out / "logs", root=out)
-    job.start()
-    try:
-        job.wait_until(lambda v: v.last_step >= 7, timeout=180)
-        job.kill_node("local2")
-        job.wait_until(lambda v: v.world == 2, timeout=60)
-        kill.touch()
-        job.add_node()
-        job.wait_until(lambda v: bool(job.coordinator and job.coordinator.status().pending), timeout=120)
-        join.touch()
-        result = job.wait(timeout=180)
-    finally:
-        job.stop()
-    assert result.ok, f"{result.phase}: {result.reason}\n{result.failure_traceback or ''}"
-    assert worlds_of(job) == [3, 2, 3]
+    kill_join(out, lambda gates: command(out / "own.pt", gates), kill_at=8, join_at=12, node="local2")
 
     logs = "".join(p.read_text() for p in (out / "logs").glob("*.log"))
     lines = [line.split() for line in logs.splitlines() if line.startswith("world ")]
@@ -94,22 +97,7 @@ def test_an_fsdp2_scripts_own_dcp_checkpoint_is_written_after_a_kill_and_a_join(
     import torch.distributed.checkpoint as dcp
 
     out = tmp_path / "fsdp"
-    kill, join = out / "kill", out / "join"
-    job = LocalJob(fsdp_command(out, f"5:{kill},8:{join}"), config(out, 3), log_dir=out / "logs", root=out)
-    job.start()
-    try:
-        job.wait_until(lambda v: v.last_step >= 4, timeout=180)
-        job.kill_node("local3")
-        job.wait_until(lambda v: v.world == 2, timeout=60)
-        kill.touch()
-        job.add_node()
-        job.wait_until(lambda v: bool(job.coordinator and job.coordinator.status().pending), timeout=120)
-        join.touch()
-        result = job.wait(timeout=240)
-    finally:
-        job.stop()
-    assert result.ok, f"{result.phase}: {result.reason}\n{result.failure_traceback or ''}"
-    assert worlds_of(job) == [3, 2, 3]
+    kill_join(out, lambda gates: fsdp_command(out, gates), kill_at=5, join_at=8, node="local3")
     logs = "".join(p.read_text() for p in (out / "logs").glob("*.log"))
     assert sorted(line for line in logs.splitlines() if line.startswith("saved by")) == [
         "saved by rank 0 of 3", "saved by rank 1 of 3", "saved by rank 2 of 3",

@@ -16,6 +16,8 @@ import pytest
 from slurm_elastic.testing.devcluster import LocalCluster
 from slurm_elastic.testing.devcluster.unkillable import report_step, step_log, summarize
 
+from .elastic_jobs import ElasticSlurmJob
+
 _HERE = Path(__file__).parent
 
 
@@ -49,6 +51,20 @@ def slurm_cluster() -> Iterator[LocalCluster]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+@pytest.fixture
+def elastic_jobs(slurm_cluster: LocalCluster) -> Iterator[list[ElasticSlurmJob]]:
+    """The elastic jobs a test submits (it appends them): cancelled at its end, and any node it killed
+    brought back."""
+    started: list[ElasticSlurmJob] = []
+    yield started
+    for job in started:
+        job.cancel()
+    for node in slurm_cluster.nodes:
+        if slurm_cluster.node_states().get(node, "").startswith("down"):
+            slurm_cluster.restart_node(node)
+    slurm_cluster.wait_nodes(slurm_cluster.nodes, want_idle=True, timeout_s=120)
 
 
 @pytest.fixture(autouse=True)

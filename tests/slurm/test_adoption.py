@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import re
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,25 +21,13 @@ HERE = Path(__file__).resolve().parents[1] / "integration"
 MISUSE, TORCHWORLD = HERE / "misuse_script.py", HERE / "torchworld_script.py"
 
 
-@pytest.fixture
-def jobs(slurm_cluster: LocalCluster) -> Iterator[list[ElasticSlurmJob]]:
-    started: list[ElasticSlurmJob] = []
-    yield started
-    for job in started:
-        job.cancel()
-    for node in slurm_cluster.nodes:  # a test that killed a node brings it back
-        if slurm_cluster.node_states().get(node, "").startswith("down"):
-            slurm_cluster.restart_node(node)
-    slurm_cluster.wait_nodes(slurm_cluster.nodes, want_idle=True, timeout_s=120)
-
-
 @pytest.mark.parametrize("mode", ["leave", "stop"])
 def test_a_loop_every_rank_leaves_at_one_boundary_completes_the_job(
-    jobs: list[ElasticSlurmJob], tmp_path: Path, mode: str
+    elastic_jobs: list[ElasticSlurmJob], tmp_path: Path, mode: str
 ) -> None:
     command = [sys.executable, str(MISUSE), "--mode", mode]
     job = submit_core(tmp_path / mode, nodes="2", steps=0, pause=0, command=command)
-    jobs.append(job)
+    elastic_jobs.append(job)
     info = job.wait_finished(hurry=False)
     out = job.output()
     assert info.state == "COMPLETED", f"{info.state}\n{out[-3000:]}"
@@ -51,11 +38,11 @@ def test_a_loop_every_rank_leaves_at_one_boundary_completes_the_job(
 
 
 def test_a_typo_in_the_scripts_arguments_fails_the_job_at_the_first_start_of_every_node(
-    jobs: list[ElasticSlurmJob], tmp_path: Path
+    elastic_jobs: list[ElasticSlurmJob], tmp_path: Path
 ) -> None:
     command = [sys.executable, str(MISUSE), "--mode", "brake"]
     job = submit_core(tmp_path / "typo", nodes="2", steps=0, pause=0, command=command)
-    jobs.append(job)
+    elastic_jobs.append(job)
     info = job.wait_finished(hurry=False)
     assert info.state == "FAILED", info.state
     (failed,) = job.of(JobFailed)
@@ -65,13 +52,13 @@ def test_a_typo_in_the_scripts_arguments_fails_the_job_at_the_first_start_of_eve
 
 
 def test_the_scripts_own_torch_distributed_calls_follow_a_node_death(
-    slurm_cluster: LocalCluster, jobs: list[ElasticSlurmJob], tmp_path: Path
+    slurm_cluster: LocalCluster, elastic_jobs: list[ElasticSlurmJob], tmp_path: Path
 ) -> None:
     root = tmp_path / "torchworld"
     gate = root / "gate"
     command = [sys.executable, str(TORCHWORLD), "--steps", "12", "--save", str(root / "own.pt"), "--gates", f"6:{gate}"]
     job = submit_core(root, nodes="3", steps=12, pause=0, command=command)
-    jobs.append(job)
+    elastic_jobs.append(job)
     job.wait("step 5", lambda: "world 5 " in job.output(), timeout=180)
     slurm_cluster.kill_node("n3")
     job.wait("the job to shrink", lambda: [e.world for e in job.of(MembershipChange)][-1:] == [2], timeout=60)

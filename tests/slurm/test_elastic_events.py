@@ -5,7 +5,6 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -29,27 +28,15 @@ from .elastic_jobs import ElasticSlurmJob, job_env, reference_model, submit_core
 pytestmark = pytest.mark.timeout(400)
 
 
-@pytest.fixture
-def jobs(slurm_cluster: LocalCluster) -> Iterator[list[ElasticSlurmJob]]:
-    started: list[ElasticSlurmJob] = []
-    yield started
-    for job in started:
-        job.cancel()
-    for node in slurm_cluster.nodes:  # a test that killed a node brings it back
-        if slurm_cluster.node_states().get(node, "").startswith("down"):
-            slurm_cluster.restart_node(node)
-    slurm_cluster.wait_nodes(slurm_cluster.nodes, want_idle=True, timeout_s=120)
-
-
 def worlds(job: ElasticSlurmJob) -> list[int]:
     return [e.world for e in job.of(MembershipChange)]
 
 
 def test_node_failure_is_handled_long_before_slurm_notices(
-    slurm_cluster: LocalCluster, jobs: list[ElasticSlurmJob], tmp_path: Path
+    slurm_cluster: LocalCluster, elastic_jobs: list[ElasticSlurmJob], tmp_path: Path
 ) -> None:
     job = submit_core(tmp_path / "node-failure", nodes="4", steps=80, pause=0.6)
-    jobs.append(job)
+    elastic_jobs.append(job)
     job.wait_step(6)
     killed_at = time.time()
     slurm_cluster.kill_node("n3")
@@ -72,9 +59,9 @@ def test_node_failure_is_handled_long_before_slurm_notices(
     job.assert_same_training(reference_model(tmp_path.parent, 80))
 
 
-def test_abrupt_shrink_is_handled_like_a_failure(jobs: list[ElasticSlurmJob], tmp_path: Path) -> None:
+def test_abrupt_shrink_is_handled_like_a_failure(elastic_jobs: list[ElasticSlurmJob], tmp_path: Path) -> None:
     job = submit_core(tmp_path / "shrink", nodes="4", steps=40, pause=0.3)
-    jobs.append(job)
+    elastic_jobs.append(job)
     job.wait_step(6)
     subprocess.run(["scontrol", "update", f"JobId={job.job_id}", "NumNodes=2"], check=True, timeout=30)
     job.wait("the job to shrink to 2", lambda: worlds(job)[-1:] == [2], timeout=60)
@@ -83,9 +70,11 @@ def test_abrupt_shrink_is_handled_like_a_failure(jobs: list[ElasticSlurmJob], tm
     job.assert_same_training(reference_model(tmp_path.parent, 40))
 
 
-def test_reclaim_drains_at_a_boundary_and_releases_the_nodes(jobs: list[ElasticSlurmJob], tmp_path: Path) -> None:
+def test_reclaim_drains_at_a_boundary_and_releases_the_nodes(
+    elastic_jobs: list[ElasticSlurmJob], tmp_path: Path
+) -> None:
     job = submit_core(tmp_path / "reclaim", nodes="4", steps=40, pause=0.3)
-    jobs.append(job)
+    elastic_jobs.append(job)
     job.wait_step(6)
     batch_host = job.info().batch_host
     env = job_env(job.root)
@@ -107,9 +96,9 @@ def test_reclaim_drains_at_a_boundary_and_releases_the_nodes(jobs: list[ElasticS
     job.assert_same_training(reference_model(tmp_path.parent, 40))
 
 
-def test_a_suspended_and_resumed_job_evicts_no_one(jobs: list[ElasticSlurmJob], tmp_path: Path) -> None:
+def test_a_suspended_and_resumed_job_evicts_no_one(elastic_jobs: list[ElasticSlurmJob], tmp_path: Path) -> None:
     job = submit_core(tmp_path / "suspend", nodes="4", steps=40, pause=0.3)
-    jobs.append(job)
+    elastic_jobs.append(job)
     job.wait_step(6)
     subprocess.run(["scontrol", "suspend", job.job_id], check=True, timeout=30)
     time.sleep(12)  # SIGSTOP of every process of the job, batch host included, for more than two leases (5 s)
@@ -121,7 +110,7 @@ def test_a_suspended_and_resumed_job_evicts_no_one(jobs: list[ElasticSlurmJob], 
 
 
 def test_every_holder_lost_restarts_the_workers_from_the_latest_checkpoint(
-    jobs: list[ElasticSlurmJob], tmp_path: Path
+    elastic_jobs: list[ElasticSlurmJob], tmp_path: Path
 ) -> None:
     """Every worker SIGKILLed in the same step, so no peer holds the state: through the sbatch template as
     on the local launcher, the agents start them again and they resume from the periodic checkpoint."""
@@ -130,7 +119,7 @@ def test_every_holder_lost_restarts_the_workers_from_the_latest_checkpoint(
         plan = plan.kill(node, step=15, phase="backward")  # incarnation 0 only: the restarted ones live
     restarts = {"SLURM_ELASTIC_MAX_RESTARTS": "2"}
     job = submit_core(tmp_path / "fallback", nodes="4", steps=40, pause=0.3, env={**plan.to_env(), **restarts})
-    jobs.append(job)
+    elastic_jobs.append(job)
     job.wait_finished(hurry=False)  # at the pace of a job whose nodes are all there before step 15
     (fallback,) = job.of(CheckpointFallback)
     assert fallback.resume_step == 10 and fallback.last_committed_step == 14  # a checkpoint every 10
