@@ -49,7 +49,10 @@ def test_graceful_drain_leaves_at_a_step_boundary(runner: Runner, reference: dic
 
 
 def test_sigterm_of_a_node_drains_it(runner: Runner, reference: dict[str, torch.Tensor]) -> None:
-    res = runner("sigterm", actions=[Action(at_step=5, kind="sigterm_node", node="local3")])
+    # Paced so the drained node is gone well before the job ends: a Stop reaching its agent first ends it as
+    # the job's end does (exit 0; nothing left to requeue for), as a CI run under load once saw.
+    sigterm = [Action(at_step=5, kind="sigterm_node", node="local3")]
+    res = runner("sigterm", actions=sigterm, script=SLOW, script_args=("--pause", "0.4"))
     assert_same_training(res, reference)
     assert ("drain", 4, 3) in membership_changes(res)
     assert res.result.agent_exit_codes["local3"] == 75  # drained because signalled: a satellite requeues itself

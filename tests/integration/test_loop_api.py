@@ -19,6 +19,7 @@ from slurm_elastic.errors import ConfigError, UsageError
 from slurm_elastic.eventtypes import UserFailure, of_kind
 from slurm_elastic.showcase.metrics import max_param_rel_diff, tolerance
 from slurm_elastic.testing.threadranks import RankResult, ThreadJob
+from slurm_elastic.wire.messages import StatusReply
 from slurm_elastic.worker import ElasticJob, ElasticLoader
 from slurm_elastic.worker.checkpoints.checkpoint import CheckpointError
 from slurm_elastic.worker.env import WorkerEnv, worker_env
@@ -126,15 +127,20 @@ def test_an_epoch_loop_trains_the_same_samples_as_the_flat_loop_and_runs_its_hoo
     assert close_to(done[0]["params"], REFERENCE_15), "2 epochs of 90 = 15 steps of 12, the same samples"
 
 
+def arrived(status: StatusReply, worker: str) -> bool:
+    return worker in status.pending or any(m.worker_id == worker and m.rank is not None for m in status.members)
+
+
 def join_after_step_10(job: ThreadJob, release: threading.Event) -> tuple[str, dict[str, RankResult]]:
     """Start `job`, add a rank once step 10 is committed, `release` the members (who wait before step 11) once
-    the joiner is pending, and run the job to its end: the joiner's id and every rank's result."""
+    the joiner is pending or already in (members still at step 10's boundary take it in at once), and run the
+    job to its end: the joiner's id and every rank's result."""
     job.start()
     try:
         job.wait_step(10)
         joiner = job.add_rank()
         deadline = time.monotonic() + 30
-        while not job.coordinator.status().pending:
+        while not arrived(job.coordinator.status(), joiner):
             assert time.monotonic() < deadline
             time.sleep(0.01)
         release.set()
