@@ -1,5 +1,6 @@
 """What the job has done so far, as other threads and tools see it: the public view, the commits and their
-throughput, and how long each recovery took from its detection to the next commit.
+throughput, how long each recovery took from its detection to the next commit, and what each new
+generation lost or replays.
 
 The coordinator's loop writes it; `view()` is safe from any thread (a copy taken under a lock).
 """
@@ -9,11 +10,12 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from typing import Any
 
 from slurm_elastic.coordinator.peers import PublicView, throughput
 from slurm_elastic.decide import membership as m
 from slurm_elastic.events import EventLog
-from slurm_elastic.eventtypes import Commit, Progress, Recovered
+from slurm_elastic.eventtypes import CheckpointFallback, Commit, GenerationReady, Progress, Recovered
 from slurm_elastic.wire import messages as msg
 
 MAX_COMMIT_RECORDS = 10_000  # the newest commits kept for tools (MTTR, demos); events.jsonl has them all
@@ -29,6 +31,7 @@ class Record:
         self._recent: deque[Commit] = deque(maxlen=64)
         self._last_progress = 0.0
         self._recovering: tuple[int, float, int] | None = None  # (generation, detected at, last step)
+        self._fallback_from: int | None = None  # the last committed step when a checkpoint fallback began
 
     def view(self) -> PublicView:
         with self._lock:
@@ -96,6 +99,20 @@ class Record:
             lost = max(0, self._view.last_step - step)
             self._view.last_step = max(self._view.last_step, step)
         return lost
+
+    def fallback_began(self) -> None:
+        """Every worker restarts from the last disaster-recovery checkpoint."""
+        self._fallback_from = self.last_step
+
+    def generation_ready(self, worker: str, fields: dict[str, Any]) -> None:
+        """Rank 0 of a new generation reports it formed: with the committed steps lost, and after a
+        checkpoint fallback the steps it replays."""
+        resume = int(fields.get("resume_step", self.last_step))
+        fields = {**fields, "lost_committed_steps": self.resumed_at(resume), "worker": worker}
+        if self._fallback_from is not None:  # the first generation after a checkpoint fallback
+            before, self._fallback_from = self._fallback_from, None
+            self.events.record(CheckpointFallback(before, resume, replayed_steps=max(0, before - resume)))
+        self.events.record(GenerationReady.from_event(fields))
 
     def failed(self, traceback: str) -> None:
         with self._lock:

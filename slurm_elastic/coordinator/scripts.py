@@ -22,6 +22,7 @@ class ScriptReports:
         self._raised: dict[str, str] = {}  # a worker's reported failure, until its loss names it as the cause
         self.early_exits: list[ExitRecord] = []  # processes that ended before the job ran
         self._first_loop: tuple[str, LoopSettings] | None = None  # every worker's loop must be this one
+        self._registered: set[str] = set()  # workers that registered since the last generation formed
 
     def failed(self, f: msg.Failure) -> str | None:
         """Record a worker's exception; the reason to end the job, if it must end."""
@@ -38,6 +39,13 @@ class ScriptReports:
         """Why `wid` is gone, by its own report where it made one: its script raised."""
         raised = self._raised.pop(wid, None)
         return f"the script of {wid} raised {raised[:300]}" if raised is not None else cause
+
+    def registered(self, wid: str) -> None:
+        self._registered.add(wid)
+
+    def joined(self, wid: str) -> bool:
+        """Whether `wid` registered since the last generation formed (an exit before that is a wrong command)."""
+        return wid in self._registered
 
     def exited_early(self, exit_: ExitRecord, expected_per_node: Mapping[str, int], alive: int) -> str | None:
         """A training process ended before the job ran; the reason to end the job, if no process can join."""
@@ -58,6 +66,7 @@ class ScriptReports:
     def generation_formed(self) -> None:
         """The job runs: exits and failures before now are behind it."""
         self.early_exits.clear()
+        self._registered.clear()
         self.last_traceback = None
 
     def scripts_restarted(self) -> None:
@@ -66,6 +75,9 @@ class ScriptReports:
 
     def pending_causes(self) -> int:
         return len(self._raised)
+
+    def registrations(self) -> int:
+        return len(self._registered)
 
 
 __all__ = ["MAX_TRACEBACKS", "ScriptReports"]

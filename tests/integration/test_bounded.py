@@ -37,7 +37,7 @@ def bookkeeping(job: ThreadJob) -> dict[str, int]:
     return {
         "workers": len(coord.workers),
         "members": len(coord.state.workers),
-        "registered": len(coord._registered),
+        "registered": coord.scripts.registrations(),
         "early_exits": len(coord.scripts.early_exits),
         "tracebacks": len(coord.scripts.tracebacks),
         "raised": coord.scripts.pending_causes(),
@@ -51,7 +51,7 @@ def new_generation(job: ThreadJob) -> None:
     coord = job.coordinator.coordinator
     before = job.coordinator.view().generation
     member = job.coordinator.call(lambda: coord.state.members[0])
-    job.coordinator.call(coord._feed, m.Faulted(member, before, "forced by the test"))
+    job.coordinator.call(coord.driver.feed, m.Faulted(member, before, "forced by the test"))
     formed = lambda: any(e.generation == before + 1 for e in of_kind(coord.events.recent(20), GenerationReady))  # noqa: E731
     wait_until(formed, timeout=30, what=f"generation {before + 1} to form", poll=0.01)
 
@@ -70,7 +70,7 @@ def test_a_hundred_generations_leak_no_descriptors_and_no_bookkeeping() -> None:
         fds_105, books_105 = open_descriptors(), bookkeeping(job)
         assert job.coordinator.view().generation >= 106
     finally:
-        job.coordinator.call(job.coordinator.coordinator._feed, m.Abort("the test is over"))
+        job.coordinator.call(job.coordinator.coordinator.driver.feed, m.Abort("the test is over"))
         job.join(timeout=60)
         job.stop()
     assert fds_105 <= fds_5 + 2, f"descriptors: {fds_5} after 5 generations, {fds_105} after 105"

@@ -174,7 +174,7 @@ def test_a_failed_job_ends_every_rank_with_exit_code_1() -> None:
     job = ThreadJob(trainer(gate=lambda step: release.wait(30) if step == 3 else None), nodes=2).start()
     try:
         job.wait_step(2)
-        job.coordinator.call(job.coordinator.coordinator._feed, m.Abort("an operator gave up"))
+        job.coordinator.call(job.coordinator.coordinator.driver.feed, m.Abort("an operator gave up"))
         release.set()
         results = job.join()
     finally:

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 
 from slurm_elastic.coordinator import CoordinatorConfig, CoordinatorThread
-from slurm_elastic.coordinator.server import STORE_PREFIX
+from slurm_elastic.coordinator.driver import STORE_PREFIX
 from slurm_elastic.wire import channel as ch
 
 JOB = "store-test"

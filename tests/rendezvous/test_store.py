@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from slurm_elastic.coordinator import CoordinatorThread
-from slurm_elastic.coordinator.server import STORE_PREFIX
+from slurm_elastic.coordinator.driver import STORE_PREFIX
 from slurm_elastic.rendezvous.client import CoordinatorStore
 from slurm_elastic.wire import channel as ch
 from slurm_elastic.wire import messages as msg

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from slurm_elastic.coordinator import CoordinatorConfig, CoordinatorThread
-from slurm_elastic.coordinator.server import STORE_PREFIX
+from slurm_elastic.coordinator.driver import STORE_PREFIX
 from slurm_elastic.wire.channel import new_secret
 
 pytestmark = pytest.mark.timeout(150)

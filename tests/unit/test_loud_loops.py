@@ -84,7 +84,7 @@ def wait_for(check: Any, timeout: float = 15) -> bool:
 def test_a_ticker_that_dies_fails_the_job_and_stops_everyone_with_the_reason(coordinator: CoordinatorThread) -> None:
     agent = register_agent(coordinator.address)
     try:
-        coordinator.coordinator._tick = boom  # type: ignore[method-assign]  # its next tick raises
+        coordinator.coordinator.ticker.tick = boom  # type: ignore[method-assign]  # its next tick raises
         assert coordinator.coordinator.done.wait(10), "the job ends at once, not a lease later"
         stop = next_stop(agent)
     finally:

@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from slurm_elastic.coordinator.server import ranks_change
+from slurm_elastic.coordinator.driver import ranks_change
 from slurm_elastic.decide.membership import Generation
 from slurm_elastic.errors import ProtocolError
 from slurm_elastic.wire.channel import encode_frame

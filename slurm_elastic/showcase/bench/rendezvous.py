@@ -33,7 +33,7 @@ import torch.distributed as dist
 
 from slurm_elastic.coordinator import CoordinatorThread
 from slurm_elastic.coordinator.config import CoordinatorConfig
-from slurm_elastic.coordinator.server import STORE_PREFIX
+from slurm_elastic.coordinator.driver import STORE_PREFIX
 from slurm_elastic.errors import ElasticError
 from slurm_elastic.rendezvous.client import CoordinatorStore
 from slurm_elastic.showcase.bench import swarms
