@@ -48,6 +48,7 @@ from slurm_elastic.worker.env import WorkerEnv, worker_env
 from slurm_elastic.worker.input.data import ElasticLoader, Samples
 from slurm_elastic.worker.input.loadpool import LoadPool
 from slurm_elastic.worker.input.prefetch import Prefetcher
+from slurm_elastic.worker.input.sampled import SAMPLED_STREAM, BatchFn, SampledBatches
 from slurm_elastic.worker.membership.comm import Interrupt
 from slurm_elastic.worker.membership.runtime import Runtime, WorkerEnded
 from slurm_elastic.worker.optguard import guard_optimizer
@@ -87,6 +88,7 @@ class ElasticJob:
         scheduler: Any | None = None,
         *,
         dataset: Samples | None = None,
+        batch_fn: BatchFn | None = None,
         micro_batch: int | None = None,
         global_batch: int | None = None,
         per_replica_batch: int | None = None,
@@ -114,7 +116,7 @@ class ElasticJob:
             per_replica_batch=per_replica_batch, lr_rule=lr_rule, reference_world=reference_world, seed=seed,
             shuffle=shuffle, collate_fn=collate_fn, num_workers=num_workers, pin_memory=pin_memory,
             clip_grad_norm=clip_grad_norm, reduce_dtype=reduce_dtype, bucket_mb=bucket_mb, prefetch=prefetch,
-            resume_from=resume_from, keep_checkpoints=keep_checkpoints,
+            resume_from=resume_from, keep_checkpoints=keep_checkpoints, batch_fn=batch_fn,
         )  # fmt: skip
         data = settings.data
         self.seed = seed
@@ -133,8 +135,10 @@ class ElasticJob:
         )  # fmt: skip
         self._held: Held = strategy.held
         self._held.reference_world = reference_world
-        self._dataset = data.dataset
-        self._order = SampleOrder(len(data.dataset), seed, shuffle=data.shuffle)
+        self._order = SampleOrder(data.num_samples, seed, shuffle=data.shuffle)
+        self._load_batch = (
+            SampledBatches(data.batch_fn, seed, data.micro_batch) if data.batch_fn is not None else self._load_samples
+        )
         if isinstance(loader, ElasticLoader):
             loader.bind(self)  # (every argument is checked before the loader processes start)
         pool = None
@@ -156,7 +160,7 @@ class ElasticJob:
         self._loop: dict[str, int | float | str | bool | None] | None = None  # what every member's loop must match
         self._stop_asked = False  # job.stop() here, with no coordinator to carry it
         self._usage = LoopState()
-        self._hooks = Callbacks(len(data.dataset))
+        self._hooks = Callbacks(data.num_samples)
         self._stepper = Stepper(settings, self._runtime, strategy, prefetcher, checkpoints, self._phases,
                                 self._usage, self._hooks)  # fmt: skip
         self._attempt: Step | None = None  # the step whose micro-batches job.backward() serves
@@ -226,7 +230,11 @@ class ElasticJob:
 
     def micro_batches(self, total_steps: int | None = None) -> Iterator[Any]:
         """This rank's micro-batches, step after step, until `total_steps` optimizer steps of the whole run are
-        committed; call `backward(loss)` on each. Without `total_steps`, inside `job.epochs()`: this epoch's."""
+        committed; call `backward(loss)` on each. Without `total_steps`, inside `job.epochs()`: this epoch's;
+        with `batch_fn=` and no epochs: until the loop is left (a `break` at a step boundary, `job.stop()`)."""
+        if total_steps is None and self._settings.data.batch_fn is not None:
+            self._open("micro_batches", Goal(samples=SAMPLED_STREAM))
+            return self._guarded("micro_batches", self._flat(None, final=True))
         if total_steps is None:
             epoch = self._usage.epoch_batches_start()
             goal = Goal(samples=epoch_end(epoch, self._order.num_samples))
@@ -238,6 +246,11 @@ class ElasticJob:
         """Yield the epoch numbers from the job's current epoch (0, or where a resumed job stands) up to
         `total_epochs - 1`; iterate `job.micro_batches()` once inside each."""
         total = positive_int("total_epochs", total_epochs)
+        if self._settings.data.batch_fn is not None:
+            raise UsageError(
+                "job.epochs() needs a data set: with batch_fn= there are no epochs; loop over "
+                "job.micro_batches(total_steps), job.steps(total_steps), or job.micro_batches() until you leave it"
+            )
         self._open("epochs", Goal(samples=total * self._order.num_samples), total_epochs=total)
         return self._guarded("epochs", self._epoch_loop(total))
 
@@ -303,9 +316,11 @@ class ElasticJob:
             self._ignored.add(name)
             log.info("optimizer_call_ignored", call=f"optimizer.{name}()", why="the job steps once per global batch")
 
-    def _load_batch(self, start: int, size: int) -> Any:
+    def _load_samples(self, start: int, size: int) -> Any:
         """The samples at stream positions [start, start + size), collated (run by the prefetcher or its pool)."""
-        return self._settings.data.collate([self._dataset[int(i)] for i in self._order.indices(start, size)])
+        data = self._settings.data
+        assert data.dataset is not None
+        return data.collate([data.dataset[int(i)] for i in self._order.indices(start, size)])
 
     def _join(self) -> None:
         self._usage.usable()

@@ -15,6 +15,7 @@ from slurm_elastic.decide.epochs import positive_int
 from slurm_elastic.errors import ConfigError
 from slurm_elastic.worker.env import WorkerEnv
 from slurm_elastic.worker.input.data import DataSettings, data_settings
+from slurm_elastic.worker.input.sampled import BatchFn, check_multiple
 from slurm_elastic.worker.replicated.reduction import DEFAULT_BUCKET_MB
 
 DEFAULT_PREFETCH = 4
@@ -60,12 +61,13 @@ class JobSettings:
         prefetch: int | None,
         resume_from: str | os.PathLike[str] | None,
         keep_checkpoints: int | None,
+        batch_fn: BatchFn | None = None,
     ) -> JobSettings:
         if global_batch is not None and per_replica_batch is not None:
             raise ConfigError("give global_batch (preserve the global batch) or per_replica_batch, not both")
         data = data_settings(
             dataset=dataset, loader=loader, micro_batch=micro_batch, collate_fn=collate_fn,
-            num_workers=num_workers, pin_memory=pin_memory, shuffle=shuffle,
+            num_workers=num_workers, pin_memory=pin_memory, shuffle=shuffle, batch_fn=batch_fn,
         )  # fmt: skip
         keep = positive_int("keep_checkpoints", keep_checkpoints) if keep_checkpoints is not None else None
         depth = prefetch if prefetch is not None else env.prefetch
@@ -85,6 +87,8 @@ class JobSettings:
             resume_from=Path(resume_from) if resume_from is not None else None,
         )
         plan_step(settings.batch_policy(None, None), 1)  # the batch arguments, checked now with a clear error
+        if batch_fn is not None:
+            check_multiple(data.micro_batch, global_batch=global_batch, per_replica_batch=per_replica_batch)
         return settings
 
     def batch_policy(self, first_global_batch: int | None, reference_world: int | None) -> BatchPolicy:

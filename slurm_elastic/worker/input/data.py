@@ -28,6 +28,7 @@ from torch.utils.data import (
 )
 
 from slurm_elastic.errors import ConfigError, UsageError
+from slurm_elastic.worker.input.sampled import SAMPLED_STREAM, BatchFn
 
 
 class Samples(Protocol):
@@ -40,13 +41,19 @@ class Samples(Protocol):
 
 @dataclass(frozen=True)
 class DataSettings:
-    dataset: Samples
+    dataset: Samples | None  # None: the script samples its own batches (`batch_fn`)
     micro_batch: int
     collate: Callable[[list[Any]], Any]
     num_workers: int
     pin_memory: bool
     shuffle: bool
     worker_init: Callable[[int], None] | None = None
+    batch_fn: BatchFn | None = None
+
+    @property
+    def num_samples(self) -> int:
+        """The stream positions of one epoch."""
+        return len(self.dataset) if self.dataset is not None else SAMPLED_STREAM
 
 
 class EpochBatches(Protocol):
@@ -154,8 +161,11 @@ def data_settings(
     num_workers: int | None,
     pin_memory: bool | None,
     shuffle: bool | None,
+    batch_fn: BatchFn | None = None,
 ) -> DataSettings:
     """Resolve the data arguments of ElasticJob; explicit arguments win over the loader's settings."""
+    if batch_fn is not None:
+        return _sampled(batch_fn, dataset, loader, micro_batch, collate_fn, num_workers, pin_memory, shuffle)
     worker_init = None
     if loader is not None:
         if dataset is not None:
@@ -171,7 +181,9 @@ def data_settings(
             shuffle = loader.shuffle if isinstance(loader, ElasticLoader) else _shuffle_of(loader.sampler)
         worker_init = loader.worker_init_fn
     if dataset is None:
-        raise ConfigError("no data: give dataset= (a map-style data set) or loader= (a DataLoader)")
+        raise ConfigError(
+            "no data: give dataset= (a map-style data set), loader= (a DataLoader) or batch_fn= (draws a batch)"
+        )
     _map_style(dataset)
     if micro_batch is None:
         raise ConfigError("no micro_batch: give micro_batch= (samples per micro-batch) or a loader with batch_size")
@@ -185,4 +197,37 @@ def data_settings(
         pin_memory=True if pin_memory is None else bool(pin_memory),
         shuffle=True if shuffle is None else bool(shuffle),
         worker_init=worker_init,
+    )
+
+
+def _sampled(
+    batch_fn: Any,
+    dataset: Any,
+    loader: Any,
+    micro_batch: int | None,
+    collate_fn: Any,
+    num_workers: int | None,
+    pin_memory: bool | None,
+    shuffle: bool | None,
+) -> DataSettings:
+    """The data settings of a script that samples its own batches (worker.input.sampled)."""
+    if not callable(batch_fn):
+        raise ConfigError(f"batch_fn must be a function of a torch.Generator, got {type(batch_fn).__name__}")
+    given = [n for n, v in (("dataset", dataset), ("loader", loader), ("collate_fn", collate_fn)) if v is not None]
+    if shuffle is not None:
+        given.append("shuffle")
+    if given:
+        raise ConfigError(f"batch_fn= draws the batches itself: give it without {', '.join(given)}")
+    if micro_batch is None:
+        raise ConfigError("no micro_batch: give micro_batch= (the samples each batch_fn call returns)")
+    if not isinstance(num_workers, int | None) or (num_workers or 0) < 0:
+        raise ConfigError(f"invalid num_workers {num_workers!r}: expected an integer >= 0")
+    return DataSettings(
+        dataset=None,
+        micro_batch=micro_batch,
+        collate=default_collate,  # not used: batch_fn returns whole batches
+        num_workers=num_workers or 0,
+        pin_memory=True if pin_memory is None else bool(pin_memory),
+        shuffle=False,
+        batch_fn=batch_fn,
     )
