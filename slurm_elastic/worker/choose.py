@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from slurm_elastic.errors import ConfigError
+from slurm_elastic.worker.lossscale import LossScaling
 from slurm_elastic.worker.phases import PhaseHooks
 from slurm_elastic.worker.replicated.strategy import ReplicatedStrategy
 from slurm_elastic.worker.settings import JobSettings
@@ -52,6 +53,7 @@ def choose_strategy(
     scheduler: Any | None,
     extra: dict[str, Any],
     settings: JobSettings,
+    scaling: LossScaling | None,
     *,
     phases: PhaseHooks,
     change_requested: Callable[[], bool],
@@ -61,9 +63,14 @@ def choose_strategy(
         return ReplicatedStrategy(
             model, optimizer, scheduler, extra,
             reduce_dtype=settings.reduce_dtype, bucket_mb=settings.bucket_mb, clip=settings.clip_grad_norm,
-            phases=phases, change_requested=change_requested,
+            scaling=scaling, phases=phases, change_requested=change_requested,
         )  # fmt: skip
     problem = sharded_support(torch.__version__)
+    if scaling is not None and scaling.enabled:
+        problem = (
+            "scaler= with a fully_shard model is not supported: its gradient shards differ by rank (train in "
+            "bfloat16, which needs no scaler, or leave the model replicated)"
+        )
     if problem is None:
         try:
             from slurm_elastic.worker.sharded.strategy import ShardedStrategy

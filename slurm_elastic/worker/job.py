@@ -49,6 +49,7 @@ from slurm_elastic.worker.input.data import ElasticLoader, Samples
 from slurm_elastic.worker.input.loadpool import LoadPool
 from slurm_elastic.worker.input.prefetch import Prefetcher
 from slurm_elastic.worker.input.sampled import SAMPLED_STREAM, BatchFn, SampledBatches
+from slurm_elastic.worker.lossscale import LossScaling
 from slurm_elastic.worker.membership.comm import Interrupt
 from slurm_elastic.worker.membership.runtime import Runtime, WorkerEnded
 from slurm_elastic.worker.optguard import guard_optimizer
@@ -101,6 +102,7 @@ class ElasticJob:
         num_workers: int | None = None,
         pin_memory: bool | None = None,
         clip_grad_norm: float | None = None,
+        scaler: torch.amp.GradScaler | None = None,
         reduce_dtype: str | None = None,
         bucket_mb: float | None = None,
         prefetch: int | None = None,
@@ -128,9 +130,13 @@ class ElasticJob:
         params = [p for p in model.parameters() if p.requires_grad]
         device = params[0].device if params else torch.device("cpu")
         self._runtime = Runtime(self.env, ports, self._phases, self._interrupt, device)
+        self._usage = LoopState()
+        self._ignored: set[str] = set()
+        in_loop = lambda: self._usage.phase == "running"  # noqa: E731
+        scaling = LossScaling(scaler, in_loop, self._ignored_call) if scaler is not None else None
         # A fully_shard (FSDP2) model: shards held twice, re-sharded from peers (docs/fsdp.md); else replicas.
         self._strategy = strategy = choose_strategy(
-            model, optimizer, scheduler, self.extra_state, settings,
+            model, optimizer, scheduler, self.extra_state, settings, scaling,
             phases=self._phases, change_requested=self._runtime.change_requested, report=self._runtime.report,
         )  # fmt: skip
         self._held: Held = strategy.held
@@ -159,15 +165,13 @@ class ElasticJob:
         self._goal: Goal | None = None  # where the loop ends (bounds how far batches are read ahead)
         self._loop: dict[str, int | float | str | bool | None] | None = None  # what every member's loop must match
         self._stop_asked = False  # job.stop() here, with no coordinator to carry it
-        self._usage = LoopState()
         self._hooks = Callbacks(data.num_samples)
         self._stepper = Stepper(settings, self._runtime, strategy, prefetcher, checkpoints, self._phases,
                                 self._usage, self._hooks)  # fmt: skip
         self._attempt: Step | None = None  # the step whose micro-batches job.backward() serves
         self._process = ProcessHooks(self.env.node, self.env.worker_id, self._runtime.send, enabled=ports.process_hooks)
         self._started = False
-        self._ignored: set[str] = set()
-        self._held.step_fn = guard_optimizer(optimizer, lambda: self._usage.phase == "running", self._ignored_call)
+        self._held.step_fn = guard_optimizer(optimizer, in_loop, self._ignored_call)
         self._arm_faults(ports)
 
     # --- where this replica stands (the first use joins the job) -------------------------------------
@@ -314,7 +318,7 @@ class ElasticJob:
     def _ignored_call(self, name: str) -> None:
         if name not in self._ignored:
             self._ignored.add(name)
-            log.info("optimizer_call_ignored", call=f"optimizer.{name}()", why="the job steps once per global batch")
+            log.info("optimizer_call_ignored", call=f"{name}()", why="the job steps once per global batch")
 
     def _load_samples(self, start: int, size: int) -> Any:
         """The samples at stream positions [start, start + size), collated (run by the prefetcher or its pool)."""

@@ -24,13 +24,13 @@ def guard_optimizer(
 
     def step(self: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
         if in_loop():
-            ignored("step")
+            ignored("optimizer.step")
             return None
         return real_step(*args, **kwargs)
 
     def zero_grad(self: torch.optim.Optimizer, set_to_none: bool = True) -> None:
         if in_loop():
-            ignored("zero_grad")
+            ignored("optimizer.zero_grad")
             return
         real_zero_grad(set_to_none)
 

@@ -39,8 +39,12 @@ def get_batch(generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def model() -> nn.Module:
-    torch.manual_seed(3)
-    return nn.Sequential(nn.Embedding(VOCAB, 12), nn.Tanh(), nn.Linear(12, VOCAB))
+    net = nn.Sequential(nn.Embedding(VOCAB, 12), nn.Tanh(), nn.Linear(12, VOCAB))
+    g = torch.Generator().manual_seed(3)  # not torch's global generator, which the rank threads share
+    with torch.no_grad():
+        for p in net.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+    return net
 
 
 def lm_loss(net: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 import torch
@@ -79,6 +80,16 @@ def test_a_fully_shard_model_on_an_older_torch_is_refused_in_one_line(monkeypatc
     monkeypatch.setattr(torch, "__version__", "2.8.0+cpu")
     with pytest.raises(ConfigError, match=r"^a fully_shard model needs torch >= 2\.9 .*; this is torch 2\.8\.0\+cpu$"):
         _job(net)
+
+
+def test_a_gradient_scaler_is_refused_for_a_fully_shard_model_unless_disabled() -> None:
+    opt = lambda net: torch.optim.SGD(net.parameters(), lr=0.1)  # noqa: E731
+    env, ports = worker_env({}), Ports(process_hooks=False)
+    args: dict[str, Any] = {"dataset": DATA, "global_batch": 4, "micro_batch": 2, "env": env, "ports": ports}
+    net = _sharded_model()
+    with pytest.raises(ConfigError, match=r"^scaler= with a fully_shard model is not supported: .* bfloat16"):
+        ElasticJob(net, opt(net), scaler=torch.amp.GradScaler("cpu"), **args)
+    ElasticJob(net, opt(net), scaler=torch.amp.GradScaler("cpu", enabled=False), **args).close()  # float16 off
 
 
 def test_a_replicated_job_never_loads_the_sharded_path() -> None:

@@ -14,6 +14,7 @@ import torch
 
 from slurm_elastic.worker.checkpoints import userstate
 from slurm_elastic.worker.checkpoints.state import Snapshot, capture, fingerprint, restore_all
+from slurm_elastic.worker.lossscale import LossScaling
 
 
 class Replica:
@@ -23,6 +24,7 @@ class Replica:
         optimizer: torch.optim.Optimizer,
         scheduler: Any | None,
         extra: dict[str, Any] | None = None,
+        scaling: LossScaling | None = None,
     ) -> None:
         self.model = model
         self.optimizer = optimizer
@@ -34,6 +36,7 @@ class Replica:
         self.global_batch: int | None = None  # set by the first generation when the script gave no batch policy
         self.fresh = True  # holds no committed state yet (a joiner before its first transfer)
         self.step_fn: Callable[[], Any] = optimizer.step  # the real step (the script's own may be a no-op)
+        self.scaling = scaling  # float16's gradient scaler, whose scale is part of the replica
 
     @property
     def committed_step(self) -> int:
@@ -46,6 +49,7 @@ class Replica:
             "cursor": self.cursor,
             "reference_world": self.reference_world,
             "global_batch": self.global_batch,
+            "scaler": self.scaling.state() if self.scaling is not None else None,
         }
 
     def capture(self) -> Snapshot:
@@ -59,14 +63,19 @@ class Replica:
             self.reference_world = int(progress["reference_world"])
         if progress.get("global_batch") is not None:
             self.global_batch = int(progress["global_batch"])
+        if self.scaling is not None:
+            self.scaling.load(progress.get("scaler"))
         self.fresh = False
 
     def fingerprint(self) -> tuple[float, float]:
         return fingerprint(self.model)
 
-    def optimizer_step(self, lr_factor: float) -> None:
-        """One optimizer and scheduler step, with the learning rate scaled by `lr_factor` for this step only."""
-        if lr_factor == 1.0:
+    def optimizer_step(self, lr_factor: float, *, skip: bool = False) -> None:
+        """One optimizer and scheduler step, with the learning rate scaled by `lr_factor` for this step only;
+        `skip`: the scheduler's only (float16 gradients that overflowed, as GradScaler.step skips them)."""
+        if skip:
+            pass  # the learning rate's schedule goes on, as with GradScaler.step in the script's own loop
+        elif lr_factor == 1.0:
             self.step_fn()
         else:
             saved = [group["lr"] for group in self.optimizer.param_groups]

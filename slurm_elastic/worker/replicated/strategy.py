@@ -16,6 +16,7 @@ import torch
 from slurm_elastic.decide.batching import MicroBatch, StepPlan
 from slurm_elastic.logs import get_logger
 from slurm_elastic.worker.checkpoints.checkpoint import DisasterRecovery
+from slurm_elastic.worker.lossscale import LossScaling
 from slurm_elastic.worker.membership.comm import Group
 from slurm_elastic.worker.phases import PhaseHooks
 from slurm_elastic.worker.replicated import snapshot
@@ -40,10 +41,12 @@ class ReplicatedStrategy:
         reduce_dtype: str,
         bucket_mb: float,
         clip: float | None,
+        scaling: LossScaling | None = None,
         phases: PhaseHooks,
         change_requested: Callable[[], bool],
     ) -> None:
-        self.held = Replica(model, optimizer, scheduler, extra)
+        self.held = Replica(model, optimizer, scheduler, extra, scaling)
+        self._scaling = scaling
         self._params = [p for p in model.parameters() if p.requires_grad]
         self._reducer = GradientReducer(self._params, reduce_dtype_of(reduce_dtype), bucket_mb=bucket_mb)
         self._clip = clip
@@ -63,7 +66,8 @@ class ReplicatedStrategy:
 
     def backward(self, loss: torch.Tensor, mb: MicroBatch, last: bool) -> None:
         self._reducer.add_control(loss, mb.weight, self._change_requested() if last else None)
-        self._reducer.backward(loss, mb.weight, closing=last)
+        scaled = self._scaling.scale(loss) if self._scaling is not None else loss
+        self._reducer.backward(scaled, mb.weight, closing=last)
 
     def contribute_nothing(self) -> None:
         self._reducer.add_control(torch.zeros(()), 0.0, self._change_requested())
@@ -73,9 +77,15 @@ class ReplicatedStrategy:
         return self._reducer.wait()
 
     def commit(self, number: int, plan: StepPlan) -> None:
+        scaling = self._scaling
+        if scaling is not None:
+            scaling.unscale(self.held.optimizer, self._params[0].device)  # the summed gradients, alike everywhere
         if self._clip is not None:
             torch.nn.utils.clip_grad_norm_(self._params, self._clip)
-        self.held.optimizer_step(plan.lr_factor)
+        skip = scaling is not None and not scaling.finite(self._params)
+        self.held.optimizer_step(plan.lr_factor, skip=skip)
+        if scaling is not None:
+            scaling.update()
         self._reducer.after_optimizer()
         self._phases.fire("commit", number)
         self.held.commit(number, plan.step_samples)
