@@ -108,6 +108,7 @@ class ElasticJob:
         prefetch: int | None = None,
         extra_state: dict[str, Any] | None = None,
         resume_from: str | os.PathLike[str] | None = None,
+        start_step: int | None = None,
         keep_checkpoints: int | None = None,
         env: WorkerEnv | None = None,
         ports: Ports | None = None,
@@ -118,7 +119,7 @@ class ElasticJob:
             per_replica_batch=per_replica_batch, lr_rule=lr_rule, reference_world=reference_world, seed=seed,
             shuffle=shuffle, collate_fn=collate_fn, num_workers=num_workers, pin_memory=pin_memory,
             clip_grad_norm=clip_grad_norm, reduce_dtype=reduce_dtype, bucket_mb=bucket_mb, prefetch=prefetch,
-            resume_from=resume_from, keep_checkpoints=keep_checkpoints, batch_fn=batch_fn,
+            resume_from=resume_from, keep_checkpoints=keep_checkpoints, batch_fn=batch_fn, start_step=start_step,
         )  # fmt: skip
         data = settings.data
         self.seed = seed
@@ -486,14 +487,22 @@ class ElasticJob:
         self._recover(patient=True)
 
     def _load_initial_state(self) -> None:
-        """The job's own latest disaster-recovery checkpoint, else the user's `resume_from` snapshot if it exists."""
-        checkpoints, path = self._stepper.checkpoints, self._settings.resume_from
+        """The job's own latest disaster-recovery checkpoint, else the user's `resume_from` snapshot if it exists,
+        else what the script loaded itself, at `start_step` (docs/api.md: the script's own checkpoints)."""
+        checkpoints, path, start = self._stepper.checkpoints, self._settings.resume_from, self._settings.start_step
         if checkpoints and checkpoints.load_into(self._held):
-            return
-        if path is not None and not path.exists():
-            log.info("no_snapshot_to_resume", path=str(path))  # a first run: it starts fresh
-        elif path is not None:
+            loaded = "the job's checkpoint"
+        elif path is not None and path.exists():
             self._strategy.resume(path)
+            loaded = f"the snapshot {path}"
+        else:
+            if path is not None:
+                log.info("no_snapshot_to_resume", path=str(path))  # a first run: it starts fresh
+            if start is not None and self._settings.global_batch is not None:
+                self._held.step, self._held.cursor = start, start * self._settings.global_batch
+            return
+        if start is not None:
+            log.info("start_step_superseded", start_step=start, step=self._held.step, by=loaded)
 
     def _recover(self, *, patient: bool, keep_group: bool = False) -> None:
         self._strategy.abandon()

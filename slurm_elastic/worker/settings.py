@@ -37,6 +37,7 @@ class JobSettings:
     prefetch: int  # batches read ahead
     keep_checkpoints: int
     resume_from: Path | None
+    start_step: int | None  # the step of the script's own checkpoint, loaded by the script
 
     @classmethod
     def of(
@@ -62,6 +63,7 @@ class JobSettings:
         resume_from: str | os.PathLike[str] | None,
         keep_checkpoints: int | None,
         batch_fn: BatchFn | None = None,
+        start_step: int | None = None,
     ) -> JobSettings:
         if global_batch is not None and per_replica_batch is not None:
             raise ConfigError("give global_batch (preserve the global batch) or per_replica_batch, not both")
@@ -85,6 +87,7 @@ class JobSettings:
             prefetch=max(DEFAULT_PREFETCH, 2 * data.num_workers) if depth is None else depth,
             keep_checkpoints=keep or env.checkpoint_keep or DEFAULT_KEEP_CHECKPOINTS,
             resume_from=Path(resume_from) if resume_from is not None else None,
+            start_step=_start_step(start_step, global_batch),
         )
         plan_step(settings.batch_policy(None, None), 1)  # the batch arguments, checked now with a clear error
         if batch_fn is not None:
@@ -98,6 +101,16 @@ class JobSettings:
         if self.per_replica_batch is None:
             return PreserveGlobalBatch(self.global_batch or first_global_batch or micro, micro)
         return ScaleLearningRate(self.per_replica_batch, micro, reference_world or 1, self.lr_rule)
+
+
+def _start_step(step: int | None, global_batch: int | None) -> int | None:
+    if step is None:
+        return None
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise ConfigError(f"invalid start_step {step!r}: expected the integer step (>= 0) of the script's checkpoint")
+    if global_batch is None:
+        raise ConfigError("start_step= needs global_batch=: the data resumes at start_step x global_batch samples")
+    return step
 
 
 __all__ = ["DEFAULT_PREFETCH", "JobSettings"]
