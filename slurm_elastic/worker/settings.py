@@ -80,7 +80,7 @@ class JobSettings:
             lr_rule=lr_rule,
             reference_world=reference_world,
             seed=seed,
-            clip_grad_norm=clip_grad_norm,
+            clip_grad_norm=_clip(clip_grad_norm),
             reduce_dtype_asked=reduce_dtype,
             reduce_dtype=reduce_dtype or env.reduce_dtype or "float32",
             bucket_mb=bucket_mb or env.bucket_mb or DEFAULT_BUCKET_MB,
@@ -101,6 +101,15 @@ class JobSettings:
         if self.per_replica_batch is None:
             return PreserveGlobalBatch(self.global_batch or first_global_batch or micro, micro)
         return ScaleLearningRate(self.per_replica_batch, micro, reference_world or 1, self.lr_rule)
+
+
+def _clip(norm: float | None) -> float | None:
+    """The norm to clip the summed gradient to; None or 0 clip nothing (as `grad_clip = 0.0` in many scripts)."""
+    if norm is None:
+        return None
+    if isinstance(norm, bool) or not isinstance(norm, int | float) or not norm >= 0 or norm == float("inf"):
+        raise ConfigError(f"invalid clip_grad_norm {norm!r}: expected a norm > 0, or 0 or None for no clipping")
+    return float(norm) or None
 
 
 def _start_step(step: int | None, global_batch: int | None) -> int | None:
