@@ -128,3 +128,16 @@ def test_a_bad_start_step_is_refused_in_one_line(args: dict[str, Any], error: st
     net = model()
     with pytest.raises(ConfigError, match=error):
         ElasticJob(net, torch.optim.SGD(net.parameters(), lr=0.1), dataset=DATA, micro_batch=2, **args)
+
+
+@pytest.mark.parametrize("norm", [-1.0, float("inf"), float("nan"), "1.0", True])
+def test_a_bad_clip_norm_is_refused_in_one_line(norm: Any) -> None:
+    net = model()
+    with pytest.raises(ConfigError, match=r"^invalid clip_grad_norm .*: expected a norm > 0, or 0 or None"):
+        ElasticJob(net, torch.optim.SGD(net.parameters(), lr=0.1), dataset=DATA, micro_batch=2, clip_grad_norm=norm)
+
+
+def test_a_clip_norm_of_0_clips_nothing() -> None:
+    net = model()
+    job = ElasticJob(net, torch.optim.SGD(net.parameters(), lr=0.1), dataset=DATA, micro_batch=2, clip_grad_norm=0)
+    assert job._settings.clip_grad_norm is None
