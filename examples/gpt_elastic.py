@@ -1,7 +1,7 @@
 """A character-level GPT trained the way popular single-file scripts do it (nanoGPT's train.py, for one):
 DDP under torchrun when RANK is set, else one process; batches drawn as random windows of a memory-mapped
-token file; gradient accumulation with `require_backward_grad_sync`; float16 with a GradScaler on CUDA
-(bfloat16 on CPU); an evaluation and a checkpoint of its own every few iterations; `--init-from resume`;
+token file; gradient accumulation with `require_backward_grad_sync`; float16 with a GradScaler (by default
+on CUDA; bfloat16 on CPU); an evaluation and a checkpoint of its own every few iterations; `--init-from resume`;
 and a `while True` loop that breaks at max_iters (or after an evaluation only).
 
 Its elastic version, examples/gpt_elastic.py, differs in 20 lines (`diff examples/gpt_plain.py
@@ -47,6 +47,7 @@ p.add_argument("--warmup-iters", type=int, default=20)
 p.add_argument("--lr-decay-iters", type=int, default=2000)
 p.add_argument("--grad-clip", type=float, default=1.0)
 p.add_argument("--seed", type=int, default=1337)
+p.add_argument("--dtype", choices=["float16", "bfloat16"], default=None, help="default: float16 on CUDA, else bfloat16")
 cfg = p.parse_args()
 gradient_accumulation_steps, batch_size, block_size = cfg.gradient_accumulation_steps, cfg.batch_size, cfg.block_size
 
@@ -70,7 +71,7 @@ if master_process:
     os.makedirs(cfg.out_dir, exist_ok=True)
 torch.manual_seed(cfg.seed + seed_offset)
 device_type = "cuda" if "cuda" in device else "cpu"
-dtype = "float16" if device_type == "cuda" else "bfloat16"  # float16 needs the GradScaler below
+dtype = cfg.dtype or ("float16" if device_type == "cuda" else "bfloat16")  # float16 needs the GradScaler below
 ptdtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
 ctx = nullcontext() if device_type == "mps" else torch.amp.autocast(device_type=device_type, dtype=ptdtype)
 

@@ -45,7 +45,8 @@ def config(out: Path, nodes: int) -> JobConfig:
 
 def command(script: Path, corpus: Path, out: Path, *extra: str, iters: int = ITERS) -> list[str]:
     args = ["--data", str(corpus), "--out-dir", str(out / "own"), "--max-iters", str(iters), "--eval-interval", "10"]
-    return [sys.executable, str(script), *args, "--eval-iters", "2", "--always-save-checkpoint", *extra]
+    args += ["--eval-iters", "2", "--always-save-checkpoint", "--dtype", "float16"]  # float16: with its GradScaler
+    return [sys.executable, str(script), *args, *extra]
 
 
 def run(cmd: list[str], out: Path, nodes: int) -> ScenarioResult:
@@ -107,7 +108,7 @@ def test_its_own_checkpoint_resumes_the_run_at_another_world_size(
 
 
 def test_an_evaluation_only_pass_ends_the_job_at_step_0(corpus: Path, tmp_path: Path) -> None:
-    res = run(command(ELASTIC, corpus, tmp_path, "--eval-only"), tmp_path, nodes=2)
+    res = run(command(ELASTIC, corpus, tmp_path, "--eval-only", "--dtype", "bfloat16"), tmp_path, nodes=2)
     finished = res.of(JobFinished)
     assert [e.step for e in finished] == [0], finished
     logs = "".join(p.read_text() for p in (tmp_path / "logs").glob("*.log"))
