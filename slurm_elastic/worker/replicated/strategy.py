@@ -85,6 +85,8 @@ class ReplicatedStrategy:
         skip = scaling is not None and not scaling.finite(self._params)
         self.held.optimizer_step(plan.lr_factor, skip=skip)
         if scaling is not None:
+            if skip:
+                log.info("overflow_step_skipped", step=number, scale=scaling.scaler.get_scale())
             scaling.update()
         self._reducer.after_optimizer()
         self._phases.fire("commit", number)
