@@ -42,6 +42,30 @@ def test_a_loop_every_rank_leaves_at_one_boundary_completes_the_job(
     assert ("enough for this test" if mode == "stop" else "left at step 3") in finished.reason
 
 
+@pytest.mark.parametrize(
+    ("mode", "error"),
+    [
+        ("lengths", r"the workers' training loops differ: total_steps 2[01] on n\d:0:0, 2[01] on n\d:0:0"),
+        (
+            "disagree",
+            r"the loop of n\d:0:0 at step 3 \(job.micro_batches\(\) left at step 3\) ended, but n\d:0:0 went on",
+        ),
+        ("save_mid", r"job.save\(\) called during step 3, after its first job.backward\(\): save between"),
+    ],
+)
+def test_loops_that_disagree_or_misuse_the_job_fail_it_naming_the_cause(
+    elastic_jobs: list[ElasticSlurmJob], tmp_path: Path, mode: str, error: str
+) -> None:
+    command = [sys.executable, str(MISUSE), "--mode", mode]
+    job = submit_core(tmp_path / mode, nodes="2", steps=0, pause=0, command=command)
+    elastic_jobs.append(job)
+    info = job.wait_finished(hurry=False)
+    assert info.state == "FAILED", info.state
+    (failed,) = job.of(JobFailed)
+    assert re.search(error, failed.reason) or re.search(error, job.output()), failed.reason
+    assert "all members lost" not in failed.reason and not job.of(JobFinished)
+
+
 def test_a_typo_in_the_scripts_arguments_fails_the_job_at_the_first_start_of_every_node(
     elastic_jobs: list[ElasticSlurmJob], tmp_path: Path
 ) -> None:
