@@ -62,7 +62,7 @@ class CoordinatorThread:
     def view(self) -> PublicView:
         return self.coordinator.view()
 
-    def call(self, fn: Any, *args: Any) -> Any:
+    def call(self, fn: Any, *args: Any, timeout: float = 30.0) -> Any:
         """Run `fn(*args)` on the coordinator's loop and return its result (RuntimeError once it is closed)."""
         if self._loop.is_closed():
             raise RuntimeError("the coordinator's loop is closed")
@@ -70,7 +70,7 @@ class CoordinatorThread:
         async def run() -> Any:
             return fn(*args)
 
-        return asyncio.run_coroutine_threadsafe(run(), self._loop).result(timeout=30)
+        return asyncio.run_coroutine_threadsafe(run(), self._loop).result(timeout=timeout)
 
     def drain(self, nodes: list[str], mode: msg.DrainMode = "boundary", reason: str = "requested") -> msg.Ack:
         return self.call(

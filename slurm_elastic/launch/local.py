@@ -195,8 +195,8 @@ class LocalJob:
 
     def stop(self) -> None:
         if self._cancelled is not None and self.coordinator is not None:  # before its processes are ended
-            with contextlib.suppress(Exception):
-                self.coordinator.call(self.coordinator.coordinator.cancel, f"stopped by {self._cancelled}")
+            with contextlib.suppress(Exception):  # a stop by the user waits seconds at most, whatever the loop does
+                self.coordinator.call(self.coordinator.coordinator.cancel, f"stopped by {self._cancelled}", timeout=5)
         for proc in self.agents.values():
             if proc.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
