@@ -16,6 +16,7 @@ from slurm_elastic.testing.devcluster.conf import (
     render_cgroup_conf,
     render_slurm_conf,
 )
+from slurm_elastic.testing.devcluster.hostnet import HostNetwork
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -122,6 +123,15 @@ def test_nodes_on_localhost_with_distinct_ports(version: SlurmVersion) -> None:
         assert node["NodeAddr"] == "127.0.0.1"
         assert node["NodeHostname"] == "localhost"
         assert node["CPUs"] == "2"
+
+
+def test_nodes_as_hosts_each_at_its_own_address() -> None:
+    net = HostNetwork(("n1", "n2", "n3", "n4"))
+    text = render_slurm_conf(ClusterConf(state_dir=STATE, version=V2411, network=net))
+    nodes = records(text, "NodeName")
+    assert [n["NodeAddr"] for n in nodes.values()] == ["10.77.0.11", "10.77.0.12", "10.77.0.13", "10.77.0.14"]
+    # The nodes reach the controller at the management bridge's address, not at their own loopback.
+    assert settings(text)["SlurmctldHost"] == "localhost(10.77.0.1)"
 
 
 def test_node_count_and_ports_follow_inputs() -> None:

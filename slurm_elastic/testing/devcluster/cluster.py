@@ -9,7 +9,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from slurm_elastic.testing.devcluster import procs, system
+from slurm_elastic.testing.devcluster import hostnet, procs, system
 from slurm_elastic.testing.devcluster.conf import (
     ClusterConf,
     Hooks,
@@ -20,10 +20,16 @@ from slurm_elastic.testing.devcluster.conf import (
 )
 from slurm_elastic.testing.devcluster.layout import Layout, default_state_dir
 from slurm_elastic.testing.devcluster.shell import ClusterError, find_binary, run, start_daemon, tail
+from slurm_elastic.testing.devcluster.sockets import TcpSocket, tcp_sockets
 from slurm_elastic.testing.devcluster.unkillable import UNKILLABLE_STEP_PROGRAM
 from slurm_elastic.waiting import WaitTimedOut, holds_within, wait_until
 
-__all__ = ["LocalCluster"]
+__all__ = ["ENV_NETWORK", "NETWORKS", "LocalCluster"]
+
+# How the nodes are networked: "hosts" (default), each node a network namespace with addresses of its own
+# (needs root), or "loopback", every node on 127.0.0.1 as one host.
+ENV_NETWORK = "SLURM_ELASTIC_CLUSTER_NETWORK"
+NETWORKS = ("hosts", "loopback")
 
 # sinfo states in which a node takes no new work; a trailing '*' means "not responding".
 _UNUSABLE = ("down", "drain", "fail", "unknown", "inval", "future", "maint", "reboot", "power")
@@ -33,8 +39,26 @@ def _usable(state: str) -> bool:
     return not state.endswith("*") and not any(state.startswith(bad) for bad in _UNUSABLE)
 
 
+def _network_mode(network: str | None) -> str:
+    mode = network or os.environ.get(ENV_NETWORK) or "hosts"
+    if mode not in NETWORKS:
+        raise ClusterError(f"{ENV_NETWORK}={mode!r} is not a network mode; use one of: {', '.join(NETWORKS)}")
+    return mode
+
+
+def _port_offset() -> int:
+    # A port offset lets a second cluster (another state dir) run beside the first on one machine.
+    raw = os.environ.get("SLURM_ELASTIC_CLUSTER_PORT_OFFSET", "0") or "0"
+    try:
+        return int(raw)
+    except ValueError:
+        raise ClusterError(f"SLURM_ELASTIC_CLUSTER_PORT_OFFSET={raw!r} is not an integer") from None
+
+
 class LocalCluster:
-    """A Slurm cluster of `node_count` slurmds (n1..nN) on 127.0.0.1, kept under `state_dir`.
+    """A Slurm cluster of `node_count` slurmds (n1..nN), kept under `state_dir`: each node a host of its own
+    (network "hosts": a network namespace with a management and a fabric address, see hostnet) or all of
+    them on 127.0.0.1 (network "loopback").
 
     `up()` installs what is missing, writes slurm.conf and starts munged, slurmctld and the slurmds;
     `down()` stops all of them and every job process they started. Both are idempotent.
@@ -42,12 +66,19 @@ class LocalCluster:
     """
 
     def __init__(
-        self, state_dir: Path | str | None = None, *, node_count: int = 4, startup_timeout_s: float = 60.0
+        self,
+        state_dir: Path | str | None = None,
+        *,
+        node_count: int = 4,
+        startup_timeout_s: float = 60.0,
+        network: str | None = None,
     ) -> None:
         self.state_dir = Path(state_dir).resolve() if state_dir is not None else default_state_dir()
         self.layout = Layout(self.state_dir)
         self.nodes = node_names(node_count)
         self.startup_timeout_s = startup_timeout_s
+        self.network = _network_mode(network)
+        self.net = hostnet.HostNetwork(self.nodes, index=_port_offset() % 250) if self.network == "hosts" else None
 
     @property
     def slurm_conf_path(self) -> Path:
@@ -69,8 +100,7 @@ class LocalCluster:
         )
 
     def config(self, version: SlurmVersion, hooks: Hooks | None = None) -> ClusterConf:
-        # A port offset lets a second cluster (another state dir) run beside the first on one machine.
-        offset = int(os.environ.get("SLURM_ELASTIC_CLUSTER_PORT_OFFSET", "0") or 0)
+        offset = _port_offset()
         return ClusterConf(
             state_dir=self.state_dir,
             version=version,
@@ -78,6 +108,7 @@ class LocalCluster:
             hooks=hooks or Hooks(),
             ctld_port=16817 + offset,
             slurmd_base_port=17001 + offset,
+            network=self.net,
         )
 
     # --- state -----------------------------------------------------------------------------------
@@ -116,10 +147,21 @@ class LocalCluster:
         health = f"degraded, no slurmd for {', '.join(missing)}" if missing else "up"
         sinfo = self.slurm("sinfo", timeout_s=15.0, check=False)
         squeue = self.slurm("squeue", timeout_s=15.0, check=False).stdout.rstrip()
-        head = f"local Slurm cluster ({self.state_dir})"
+        head = f"local Slurm cluster ({self.state_dir}, {self.describe_network()})"
         if sinfo.returncode != 0:
             return f"{head}: slurmctld runs but does not answer; see {self.layout.ctld_log}"
         return f"{head}: {health}, SLURM_CONF={self.slurm_conf_path}\n{sinfo.stdout.rstrip()}\n{squeue}"
+
+    def describe_network(self) -> str:
+        if self.net is None:
+            return "every node on 127.0.0.1"
+        hosts = ", ".join(f"{n} {self.net.address(n)}" for n in self.nodes)
+        return f"nodes as hosts: {hosts}; controller {self.net.controller_address}"
+
+    def address(self, node: str, net: str = "mgmt") -> str:
+        """`node`'s address on network `net` ("mgmt" or "fab"); 127.0.0.1 when every node is on loopback."""
+        self._check_node(node)
+        return self.net.address(node, net) if self.net is not None else "127.0.0.1"
 
     # --- up / down -------------------------------------------------------------------------------
 
@@ -146,6 +188,10 @@ class LocalCluster:
             if ctld or any(slurmds.values()):
                 self._stop_slurm()  # a different config, or a half-stopped cluster: start afresh
             self._write_config(conf, slurm_conf)
+            if self.net is not None:
+                if os.geteuid() != 0:
+                    raise ClusterError(f"nodes as separate hosts need root; run as root or set {ENV_NETWORK}=loopback")
+                hostnet.create(self.net)
             self._start_controller()
             for node in self.nodes:
                 self._start_slurmd(node)
@@ -156,9 +202,12 @@ class LocalCluster:
         return True
 
     def down(self) -> None:
-        """Stop every process of the cluster, and munged if `up` started it. Keeps logs and config."""
+        """Stop every process of the cluster, and munged if `up` started it; remove its host network.
+        Keeps logs and config."""
         self._stop_slurm()
         system.stop_munge(self.state_dir)
+        if find_binary("ip") is not None and os.geteuid() == 0:  # also what a "hosts" run before left
+            hostnet.remove(self.net or hostnet.HostNetwork(self.nodes, index=_port_offset() % 250))
 
     def _stop_slurm(self) -> None:
         # Rescan: a dying slurmd or slurmstepd may still start an epilog or report to a new process.
@@ -223,8 +272,9 @@ class LocalCluster:
 
     def _start_slurmd(self, node: str) -> None:
         binary = find_binary("slurmd") or "slurmd"
+        on_node = self.net.exec_prefix(node) if self.net is not None else []
         start_daemon(
-            [binary, "-f", str(self.slurm_conf_path), "-N", node],
+            [*on_node, binary, "-f", str(self.slurm_conf_path), "-N", node],
             out=self.layout.log_dir / f"slurmd.{node}.out",
             env=self._daemon_env(),
             log=self.layout.slurmd_log(node),
@@ -269,6 +319,18 @@ class LocalCluster:
             self.slurm("scontrol", "update", f"NodeName={name}", "State=RESUME", check=False)
         if found:
             self.wait_nodes([n for n, _, _ in found], timeout_s=timeout_s)
+        return found
+
+    def task_sockets(self, node: str) -> dict[int, tuple[str, list[TcpSocket]]]:
+        """The TCP sockets of every job task on `node` (not Slurm's own daemons): pid -> (command, sockets)."""
+        self._check_node(node)
+        table = {p.pid: p for p in procs.list_procs()}
+        found = {}
+        for pid in sorted(self.layout.node_pids(node, list(table.values()))):
+            proc = table.get(pid)
+            if proc is None or proc.name.startswith(("slurmd", "slurmstepd")):
+                continue
+            found[pid] = (" ".join(proc.argv)[:200], tcp_sockets(pid))
         return found
 
     # --- failure simulation ----------------------------------------------------------------------

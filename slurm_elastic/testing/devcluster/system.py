@@ -21,9 +21,9 @@ __all__ = [
     "stop_munge",
 ]
 
-PACKAGES = ("munge", "slurmctld", "slurmd", "slurm-client")
+PACKAGES = ("munge", "slurmctld", "slurmd", "slurm-client", "iproute2")
 # The binaries that the packages above provide and that the cluster uses.
-_BINARIES = ("munged", "munge", "slurmctld", "slurmd", "sinfo", "squeue", "scontrol", "sbatch", "srun", "scancel")
+_BINARIES = ("munged", "munge", "slurmctld", "slurmd", "sinfo", "squeue", "scontrol", "sbatch", "srun", "scancel", "ip")
 MUNGE_KEY = Path("/etc/munge/munge.key")
 _MUNGE_RUN_DIR = Path("/run/munge")
 _MUNGE_PID_FILE = _MUNGE_RUN_DIR / "munged.pid"
