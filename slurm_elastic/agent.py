@@ -38,6 +38,8 @@ from slurm_elastic.jobsecret import SECRET_FD, Secret, secret_pipe
 from slurm_elastic.lineage import become_subreaper, die_with_parent, kill_adopted, reap_adopted
 from slurm_elastic.logs import configure_logging, drop_unwritable_output, get_logger
 from slurm_elastic.loops import start_thread
+from slurm_elastic.netif import GroupInterface
+from slurm_elastic.netif import for_node as group_interface_for_node
 from slurm_elastic.nodecache import remove_job_cache
 from slurm_elastic.rendezvous.relay import RelayThread
 from slurm_elastic.wire.channel import Channel, connect
@@ -132,6 +134,8 @@ class Agent:
         self._state = AgentState()  # every change goes through `_see` (decide.agent)
         self._last_heard = time.monotonic()
         self._relay: RelayThread | None = None
+        # The interface of this node's training groups (netif): the agent decides, its workers follow.
+        self.interface: GroupInterface | None = group_interface_for_node(config.coordinator, os.environ)
 
     def _see(self, event: AgentEvent) -> phase.Transition:
         with self._lock:
@@ -149,6 +153,7 @@ class Agent:
         cfg = self.config
         env = dict(os.environ)
         env.update(cfg.worker_env)
+        env.update(self.interface.worker_env() if self.interface is not None else {})
         env.pop("SLURM_ELASTIC_SECRET", None)  # never in a worker's environment: it gets a pipe (below)
         env.update(
             {
@@ -321,6 +326,7 @@ class Agent:
             RegisterNode(
                 node=cfg.node,
                 host=socket.gethostname(),
+                interface=self.interface.describe() if self.interface is not None else None,
                 nproc=cfg.nproc,
                 pid=os.getpid(),
                 slurm_job_id=cfg.slurm_job_id,
@@ -515,7 +521,15 @@ def main(argv: list[str] | None = None) -> int:
                 requeue_on_coordinator_loss=args.requeue_on_coordinator_loss,
                 store_relay=os.environ.get("SLURM_ELASTIC_STORE_RELAY", "1") not in ("0", "false", "no"),
             )
-        return Agent(config).run()
+        agent = Agent(config)
+    except (ElasticError, OSError) as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        # Never registered: the launcher learns why from the marker alone, and fails the job with it
+        # rather than waiting for an agent that will not come.
+        write_exit_code(os.environ, node, EXIT_FAILED, reason=f"the agent of {node} could not start: {exc}")
+        return EXIT_FAILED
+    try:
+        return agent.run()
     except (ElasticError, OSError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return EXIT_FAILED

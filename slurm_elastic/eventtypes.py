@@ -187,6 +187,7 @@ class NodeRegistered(Event):
     host: str
     nproc: int
     slurm_job: str | None
+    interface: str | None = None  # the one its training groups use (netif)
 
 
 @dataclass(frozen=True)

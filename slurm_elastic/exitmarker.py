@@ -24,11 +24,19 @@ from slurm_elastic.errors import ElasticError
 from slurm_elastic.jobdir import check_job_dir, job_dir, plain_name, private_dir, read_private, write_private
 from slurm_elastic.logs import get_logger
 
-__all__ = ["fresh_core_exits", "markers", "read_exit_code", "satellite_marker", "write_exit_code"]
+__all__ = [
+    "fresh_core_exits",
+    "markers",
+    "read_exit_code",
+    "read_exit_reason",
+    "satellite_marker",
+    "write_exit_code",
+]
 
 log = get_logger("slurm_elastic.exitmarker")
 EXITS = "exits"
 SATELLITE_EXITS = "satellite-exits"
+REASON_CHARS = 500
 
 
 def markers(env: Mapping[str, str], node: str) -> list[Path]:
@@ -42,8 +50,9 @@ def markers(env: Mapping[str, str], node: str) -> list[Path]:
     return out
 
 
-def write_exit_code(env: Mapping[str, str], node: str, code: int) -> None:
-    """Leave `code` at every marker of `env`; one that cannot be written is logged, never fatal."""
+def write_exit_code(env: Mapping[str, str], node: str, code: int, reason: str = "") -> None:
+    """Leave `code` at every marker of `env`, with `reason` (one line) on the line after it where the agent
+    could not even start; a marker that cannot be written is logged, never fatal."""
     try:
         paths = markers(env, node)
     except ElasticError as exc:
@@ -52,7 +61,8 @@ def write_exit_code(env: Mapping[str, str], node: str, code: int) -> None:
     for path in paths:
         try:
             _check_private(path.parent)
-            write_private(path.parent, path.name, f"{code}\n".encode())
+            line = " ".join(reason.split())[:REASON_CHARS]
+            write_private(path.parent, path.name, f"{code}\n{line}\n".encode() if line else f"{code}\n".encode())
         except (OSError, ElasticError) as exc:
             log.warning("exit_marker_not_written", node=node, path=str(path), error=str(exc))
 
@@ -67,10 +77,21 @@ def _check_private(directory: Path) -> None:
 
 def read_exit_code(path: Path) -> str:
     """The code an agent left at `path`: '' if there is none, or it is not a private file of this user."""
+    return _read_lines(path)[0]
+
+
+def read_exit_reason(path: Path) -> str:
+    """Why the agent that left `path` could not start: '' if it did (or left no reason)."""
+    return _read_lines(path)[1]
+
+
+def _read_lines(path: Path) -> tuple[str, str]:
     try:
-        return read_private(path)[:16].decode(errors="replace").strip()
+        text = read_private(path)[: 32 + REASON_CHARS * 4].decode(errors="replace")
     except (OSError, ElasticError):
-        return ""
+        return "", ""
+    code, _, reason = text.partition("\n")
+    return code.strip()[:16], " ".join(reason.split())[:REASON_CHARS]
 
 
 def fresh_core_exits(directory: Path) -> Path:

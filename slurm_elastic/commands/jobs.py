@@ -67,6 +67,9 @@ def render_status(s: msg.StatusReply) -> str:
     lines = [f"job {s.job_id}: {s.state}, generation {s.generation}, world {s.world_size}, step {s.step}{loss}{rate}"]
     nodes = [f"{n} (slurm job {s.node_jobs.get(n)})" if s.node_jobs.get(n) else n for n in s.nodes]
     lines.append(f"nodes: {', '.join(nodes) or '-'}")
+    interfaces = [f"{n} {s.node_interfaces[n]}" for n in s.nodes if s.node_interfaces.get(n)]
+    if interfaces:
+        lines.append(f"training groups' interface: {'; '.join(interfaces)}")
     lines.append("members:")
     for m in s.members:
         rank = f"rank {m.rank:<3}" if m.rank is not None else "joining "

@@ -22,6 +22,7 @@ class Peer:
     phase_since: float = 0.0
     pid: int = 0
     slurm_job: str | None = None
+    interface: str | None = None  # an agent's: its node's training groups use it (netif)
     assigned: int = 0  # the last generation whose assign it was sent: the next may come as a change of it
     generation: int = 0  # the generation of its last heartbeat (a worker's)
 

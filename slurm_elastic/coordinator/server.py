@@ -197,11 +197,13 @@ class Coordinator:
         if node in self.agents:
             write_message(writer, msg.Stop(reason=f"node {node} already has an agent"))
             return
-        self.agents[node] = Peer(writer, node, time.monotonic(), pid=reg.pid, slurm_job=reg.slurm_job_id)
+        self.agents[node] = Peer(
+            writer, node, time.monotonic(), pid=reg.pid, slurm_job=reg.slurm_job_id, interface=reg.interface
+        )
         self._agent_nproc[node] = reg.nproc
         self.agent_registrations[node] += 1
         write_message(writer, msg.Ack(ok=True, detail=self.config.job_id))
-        self.events.record(NodeRegistered(node, reg.host, reg.nproc, reg.slurm_job_id))
+        self.events.record(NodeRegistered(node, reg.host, reg.nproc, reg.slurm_job_id, reg.interface))
         try:
             while True:
                 message = await self._next_message(reader, f"agent {node}")
@@ -336,6 +338,7 @@ class Coordinator:
             samples_per_s=self.record.throughput(),
             nodes=sorted(self.agents),
             node_jobs={n: p.slurm_job for n, p in sorted(self.agents.items())},
+            node_interfaces={n: p.interface for n, p in sorted(self.agents.items())},
             members=members,
             pending=list(self.state.joiners),
             draining=sorted(self.state.draining),

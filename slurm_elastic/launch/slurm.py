@@ -38,7 +38,7 @@ from slurm_elastic.decide.slurm_watch import (
 )
 from slurm_elastic.errors import ElasticError, SlurmError
 from slurm_elastic.eventtypes import AgentRelaunched, AgentRelaunchGivenUp, ControlLoopFailed, SlurmJobStarted
-from slurm_elastic.exitmarker import fresh_core_exits, read_exit_code
+from slurm_elastic.exitmarker import fresh_core_exits, read_exit_code, read_exit_reason
 from slurm_elastic.jobdir import JobHandle, LaunchInfo, hook_comment, job_dir, make_job_dir, private_dir, user_name
 from slurm_elastic.logs import configure_logging, get_logger
 from slurm_elastic.loops import died
@@ -208,6 +208,8 @@ class SlurmLaunch:
         )
         self._had_agent |= members
         if not self._had_agent:
+            if not registrations and (unstarted := self.agents_unstarted()):
+                self._fail("; ".join(unstarted))  # a node's own setting is wrong: no agent is coming
             return  # nothing to watch before the first agents register
         try:
             allocation, _ = self.live_nodes()
@@ -285,6 +287,11 @@ class SlurmLaunch:
             if code and code != "0" and code != str(EXIT_DRAINED_BY_SIGNAL):
                 failed.append(f"the agent of {marker.name} exited with {code}")
         return failed
+
+    def agents_unstarted(self) -> list[str]:
+        """Why agents could not start (a setting their node refused), from their markers."""
+        exits = self.dir / "exits"
+        return [reason for marker in sorted(exits.glob("[!.]*")) if (reason := read_exit_reason(marker))]
 
     def _agents_connected(self) -> bool:
         coordinator = self.coordinator

@@ -254,6 +254,7 @@ class RegisterNode(_Msg):
     type: Literal["register_node"] = "register_node"
     node: NodeName
     host: str
+    interface: str | None = Field(default=None, max_length=200)  # of its training groups: "fab0 10.0.0.5 (why)"
     nproc: int = Field(ge=1, le=1024)
     pid: int = Field(ge=0)
     slurm_job_id: str | None = None
@@ -341,6 +342,7 @@ class StatusReply(_Msg):
     samples_per_s: float | None
     nodes: list[str]
     node_jobs: dict[str, str | None] = Field(default_factory=dict)  # node -> the Slurm job its agent runs in
+    node_interfaces: dict[str, str | None] = Field(default_factory=dict)  # node -> its groups' interface
     members: list[MemberStatus]
     pending: list[str]
     draining: list[str]

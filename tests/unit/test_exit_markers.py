@@ -175,3 +175,21 @@ def test_the_core_launcher_reads_its_agents_codes_from_the_jobs_exits(
     (exits / ".n4.0123.tmp").write_text("1\n")  # a temporary name of a write cut short
     assert launch.agents_failed() == ["the agent of n2 exited with 1"]
     assert list(fresh_core_exits(launch.dir).iterdir()) == []  # a requeued run starts with none
+
+
+def test_an_agent_that_could_not_start_leaves_its_reason_on_one_bounded_line(tmp_path: Path) -> None:
+    from slurm_elastic.exitmarker import REASON_CHARS, read_exit_reason, write_exit_code
+
+    exits = make_job_dir(job_dir("8", tmp_path / "home")) / "exits"
+    exits.mkdir(mode=0o700)
+    env = {"SLURM_ELASTIC_EXIT_DIR": str(exits)}
+    write_exit_code(env, "n1", 1, reason="SLURM_ELASTIC_IFNAME='ib0':\nno such interface")
+    write_exit_code(env, "n2", 1, reason="x" * (REASON_CHARS * 3))
+    write_exit_code(env, "n3", 0)
+    assert (read_exit_code(exits / "n1"), read_exit_reason(exits / "n1")) == (
+        "1",
+        "SLURM_ELASTIC_IFNAME='ib0': no such interface",
+    )
+    assert read_exit_reason(exits / "n2") == "x" * REASON_CHARS
+    assert (read_exit_code(exits / "n3"), read_exit_reason(exits / "n3")) == ("0", "")
+    assert read_exit_reason(exits / "n4") == ""  # none left
