@@ -153,11 +153,16 @@ class Recovered(Event):
     step: int
     detect_to_commit_s: float
     last_step_before: int
+    # A peer lost to silence (a cut link, a frozen node): from the last frame it sent to this commit, i.e.
+    # the cut to the next committed step, give or take one heartbeat. None: the fault was seen at once.
+    silent_to_commit_s: float | None = None
 
     def summary(self) -> str:
-        return (
-            f"generation {self.generation} committed step {self.step} {self.detect_to_commit_s:.3f} s after the fault"
-        )
+        text = f"generation {self.generation} committed step {self.step} {self.detect_to_commit_s:.3f} s after"
+        text += " the fault"
+        if self.silent_to_commit_s is not None:
+            text += f", {self.silent_to_commit_s:.3f} s after the silent peer's last word"
+        return text
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ class Record:
         self._last_progress = 0.0
         self._recovering: tuple[int, float, int] | None = None  # (generation, detected at, last step)
         self._fallback_from: int | None = None  # the last committed step when a checkpoint fallback began
+        self._silent_since: float | None = None  # the last word of a peer evicted for silence (monotonic)
 
     def view(self) -> PublicView:
         with self._lock:
@@ -72,6 +73,11 @@ class Record:
             return
         self._recovering = (generation, time.monotonic(), self._view.last_step)
 
+    def silence_evicted(self, last_word: float) -> None:
+        """A peer was evicted for silence; it last spoke at `last_word` (monotonic): the next recovery's
+        commit says how long after that it came."""
+        self._silent_since = last_word if self._silent_since is None else min(self._silent_since, last_word)
+
     def commit(self, c: msg.Committed) -> None:
         now = time.time()
         commit = Commit(c.step, c.generation, c.world, c.loss, c.time, samples=c.samples, received=now)
@@ -87,7 +93,10 @@ class Record:
             _gen, detected, before = self._recovering
             self._recovering = None
             took = round(time.monotonic() - detected, 4)
-            self.events.record(Recovered(c.generation, c.step, detect_to_commit_s=took, last_step_before=before))
+            silent, self._silent_since = self._silent_since, None
+            since_silent = round(time.monotonic() - silent, 4) if silent is not None else None
+            recovered = Recovered(c.generation, c.step, took, before, silent_to_commit_s=since_silent)
+            self.events.record(recovered)
         if now - self._last_progress >= self._progress_interval_s:
             self._last_progress = now
             self.events.record(Progress(c.step, round(c.loss, 4), c.world, c.generation, self.throughput()))

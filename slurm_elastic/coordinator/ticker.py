@@ -75,14 +75,20 @@ class Ticker:
         for verdict in find_unresponsive(now, agents, lease_timeout_s=lease, hang_timeout_s=hang):
             node = verdict.worker_id
             self.events.record(NodeUnresponsive(node, verdict.reason))
-            self.agents.pop(node).writer.close()
-            for w in [w for w, p in self.workers.items() if p.node == node]:
+            agent = self.agents.pop(node)
+            agent.writer.close()
+            workers = [w for w, p in self.workers.items() if p.node == node]
+            if set(workers) & set(self.driver.state.members):  # a recovery follows: it reports the silence
+                self.driver.record.silence_evicted(agent.last_seen)
+            for w in workers:
                 self.driver.lose(w, f"node {node} unresponsive")
         for verdict in find_unresponsive(now, members, lease_timeout_s=lease, hang_timeout_s=hang):
             peer = self.workers.get(verdict.worker_id)
             if peer is None:
                 continue
             self.events.record(HangEvicted(verdict.worker_id, verdict.cause, verdict.reason))
+            if verdict.cause == "lease":
+                self.driver.record.silence_evicted(peer.last_seen)
             send(self.agents.get(peer.node), msg.KillWorker(worker_id=verdict.worker_id, reason=verdict.reason))
             self.driver.lose(verdict.worker_id, f"{verdict.cause}: {verdict.reason}")
 
