@@ -42,7 +42,8 @@ from slurm_elastic.netif import GroupInterface
 from slurm_elastic.netif import for_node as group_interface_for_node
 from slurm_elastic.nodecache import remove_job_cache
 from slurm_elastic.rendezvous.relay import RelayThread
-from slurm_elastic.wire.channel import Channel, connect
+from slurm_elastic.waiting import holds_within
+from slurm_elastic.wire.channel import Channel, answers, connect
 from slurm_elastic.wire.messages import (
     Ack,
     DrainRequest,
@@ -58,6 +59,8 @@ from slurm_elastic.wire.messages import (
 
 log = get_logger("slurm_elastic.agent")
 MAX_STDERR_TAIL = 4000  # characters of a worker's last stderr output, reported when it ends
+REQUEUE_TRY_S = 120.0  # how long an agent that lost the coordinator tries to reach Slurm to requeue the job
+PROBE_S = 10.0  # how long it then tries the coordinator, which would mean this node alone was cut off
 
 
 class StderrTail:
@@ -422,16 +425,36 @@ class Agent:
     def _requeue_job(self) -> None:
         """The coordinator (on the batch host) vanished without a Stop. Under `sbatch --no-kill` Slurm would
         keep the job running without its batch script, so the surviving agents requeue it; it then resumes
-        from its last disaster-recovery checkpoint."""
+        from its last disaster-recovery checkpoint.
+
+        Unless it was this node that was cut off: then the coordinator answers again, and the job goes on
+        without this node (the launcher starts a new agent here once the node is back). The coordinator is
+        asked only once Slurm answers, a moment before the requeue: a node cut off from both must not
+        requeue a healthy job with a request that waited out the cut."""
         job = self.config.slurm_job_id
         if not job:
             return
         from slurm_elastic.errors import SlurmError
         from slurm_elastic.slurm import get_backend
 
+        backend, node = get_backend(), self.config.node
+        deadline = time.monotonic() + REQUEUE_TRY_S
+        while True:
+            try:
+                backend.job(job)
+                break
+            except SlurmError as exc:
+                if time.monotonic() >= deadline:
+                    log.error("requeue_impossible", node=node, slurm_job=job, detail=str(exc))
+                    return
+                time.sleep(1.0)
+        # A few tries: a link that has just come back may refuse the first connections (neighbours unknown).
+        if holds_within(lambda: answers(self.config.coordinator), timeout=PROBE_S, poll=0.5):
+            log.warning("requeue_withheld", node=node, slurm_job=job, reason="the coordinator answers: cut off here")
+            return
         try:
-            get_backend().requeue(job)
-            log.warning("job_requeued_after_coordinator_loss", slurm_job=job, node=self.config.node)
+            backend.requeue(job)
+            log.warning("job_requeued_after_coordinator_loss", slurm_job=job, node=node)
         except SlurmError as exc:  # another agent was first, or the job is ending anyway
             log.info("requeue_not_needed", slurm_job=job, detail=str(exc))
 

@@ -173,6 +173,15 @@ def connect(
         pause = min(2 * pause, 1.0)
 
 
+def answers(address: str, timeout: float = 2.0) -> bool:
+    """Whether a connection to `address` opens now (nothing is sent): a coordinator that is still there."""
+    try:
+        _open_socket(address, timeout).close()
+    except OSError:
+        return False
+    return True
+
+
 def unix_path(address: str) -> str:
     """The socket path of `unix:PATH`; `unix:@NAME` names an abstract socket (Linux: no file at all)."""
     path = address.removeprefix(UNIX_PREFIX)
