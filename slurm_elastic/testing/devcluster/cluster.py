@@ -158,6 +158,11 @@ class LocalCluster:
         hosts = ", ".join(f"{n} {self.net.address(n)}" for n in self.nodes)
         return f"nodes as hosts: {hosts}; controller {self.net.controller_address}"
 
+    @property
+    def controller_address(self) -> str:
+        """Where the nodes reach this machine outside them (slurmctld; a test's own coordinator)."""
+        return self.net.controller_address if self.net is not None else "127.0.0.1"
+
     def address(self, node: str, net: str = "mgmt") -> str:
         """`node`'s address on network `net` ("mgmt" or "fab"); 127.0.0.1 when every node is on loopback."""
         self._check_node(node)
@@ -321,19 +326,38 @@ class LocalCluster:
             self.wait_nodes([n for n, _, _ in found], timeout_s=timeout_s)
         return found
 
-    def task_sockets(self, node: str) -> dict[int, tuple[str, list[TcpSocket]]]:
+    def task_sockets(self, node: str, table: list[procs.Proc] | None = None) -> dict[int, tuple[str, list[TcpSocket]]]:
         """The TCP sockets of every job task on `node` (not Slurm's own daemons): pid -> (command, sockets)."""
         self._check_node(node)
-        table = {p.pid: p for p in procs.list_procs()}
+        table = table if table is not None else procs.list_procs()
+        by_pid = {p.pid: p for p in table}
         found = {}
-        for pid in sorted(self.layout.node_pids(node, list(table.values()))):
-            proc = table.get(pid)
+        for pid in sorted(self.layout.node_pids(node, table)):
+            proc = by_pid.get(pid)
             if proc is None or proc.name.startswith(("slurmd", "slurmstepd")):
                 continue
             found[pid] = (" ".join(proc.argv)[:200], tcp_sockets(pid))
         return found
 
+    def loopback_task_sockets(self) -> list[tuple[str, str, TcpSocket]]:
+        """(node, command, socket) for each socket of a job task bound to or connected through loopback."""
+        table = procs.list_procs()
+        return [
+            (node, cmd, sock)
+            for node in self.nodes
+            for cmd, sockets in self.task_sockets(node, table).values()
+            for sock in sockets
+            if sock.on_loopback
+        ]
+
     # --- failure simulation ----------------------------------------------------------------------
+
+    def set_link(self, node: str, up: bool, net: str = "mgmt") -> None:
+        """Cut `node` off network `net` ("mgmt" or "fab") or connect it again: a partition, not a crash."""
+        self._check_node(node)
+        if self.net is None:
+            raise ClusterError(f"no link to cut: every node is on 127.0.0.1 ({ENV_NETWORK}=loopback)")
+        hostnet.set_link(self.net, node, up, net)
 
     def kill_node(self, name: str, *, mark_down: bool = False) -> set[int]:
         """Simulate the sudden death of node `name`: SIGKILL its slurmd, its slurmstepds and their tasks at once.

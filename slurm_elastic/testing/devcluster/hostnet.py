@@ -25,7 +25,7 @@ from pathlib import Path
 
 from slurm_elastic.testing.devcluster.shell import ClusterError, find_binary
 
-__all__ = ["FABRIC_IF", "MGMT_IF", "HostNetwork", "create", "remove"]
+__all__ = ["FABRIC_IF", "MGMT_IF", "HostNetwork", "create", "remove", "set_link"]
 
 MGMT_IF = "mgmt0"
 FABRIC_IF = "fab0"
@@ -173,3 +173,9 @@ def create(net: HostNetwork) -> None:
     except BaseException:
         remove(net)
         raise
+
+
+def set_link(net: HostNetwork, node: str, up: bool, which: str = "mgmt") -> None:
+    """Take `node`'s link to bridge `which` down (a cable pulled: its packets vanish, no socket is closed)
+    or bring it back."""
+    _ip(net.link_command(node, up, which))
