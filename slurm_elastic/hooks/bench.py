@@ -107,7 +107,6 @@ def _submit(root: Path) -> Job:
     env = {
         **os.environ,
         "SLURM_ELASTIC_HOME": str(root / "home"),
-        "SLURM_ELASTIC_HOST": "127.0.0.1",
         "SLURM_ELASTIC_MIN_NODES": "1",
         "SLURM_ELASTIC_HEARTBEAT_INTERVAL_S": "0.5",
         "SLURM_ELASTIC_PROGRESS_INTERVAL_S": "0.5",

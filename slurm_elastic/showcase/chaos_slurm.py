@@ -54,7 +54,6 @@ SLURM_PAUSE_S = 2 * PAUSE_S  # paced, so that a node that takes seconds to start
 def _settings(root: Path, reduce_dtype: str) -> dict[str, str]:
     return {
         "SLURM_ELASTIC_HOME": str(root / "home"),
-        "SLURM_ELASTIC_HOST": "127.0.0.1",
         "SLURM_ELASTIC_LEDGER_DIR": str(root / "ledger"),
         "SLURM_ELASTIC_REDUCE_DTYPE": reduce_dtype,
         "SLURM_ELASTIC_HEARTBEAT_INTERVAL_S": "0.5",

@@ -44,7 +44,6 @@ class DemoJob(EventsFile):
         self.env = {
             **os.environ,
             "SLURM_ELASTIC_HOME": str(root / "home"),
-            "SLURM_ELASTIC_HOST": "127.0.0.1",
             "SLURM_ELASTIC_LEDGER_DIR": str(root / "ledger"),
             "SLURM_ELASTIC_RECORD_COMMITS": "true",
             "SLURM_ELASTIC_HEARTBEAT_INTERVAL_S": "0.5",

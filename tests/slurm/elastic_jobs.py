@@ -119,7 +119,6 @@ def job_env(root: Path) -> dict[str, str]:
     return {
         **os.environ,
         "SLURM_ELASTIC_HOME": str(root / "home"),
-        "SLURM_ELASTIC_HOST": "127.0.0.1",
         "SLURM_ELASTIC_LEDGER_DIR": str(root / "ledger"),
         "SLURM_ELASTIC_HEARTBEAT_INTERVAL_S": "0.5",
         "SLURM_ELASTIC_LEASE_TIMEOUT_S": "5",

@@ -47,7 +47,6 @@ def _submit(root: Path, mode: str, checkpoint_every: int) -> Run:
     env = {
         **os.environ,
         "SLURM_ELASTIC_HOME": str(root / "home"),
-        "SLURM_ELASTIC_HOST": "127.0.0.1",
         "SLURM_ELASTIC_RECOVERY": mode,
         "SLURM_ELASTIC_RECORD_COMMITS": "true",
         "SLURM_ELASTIC_CHECKPOINT_EVERY": str(checkpoint_every),
