@@ -7,6 +7,7 @@ Without a reachable cluster these tests skip, or fail where the cluster is requi
 from __future__ import annotations
 
 import os
+import threading
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -68,6 +69,35 @@ def elastic_jobs(slurm_cluster: LocalCluster) -> Iterator[list[ElasticSlurmJob]]
 
 
 @pytest.fixture(autouse=True)
+def no_job_socket_on_loopback(slurm_cluster: LocalCluster) -> Iterator[None]:
+    """With nodes as hosts, a job task's TCP socket bound to or connected through loopback fails the test:
+    nodes talk over their own addresses. Sampled every second while the test runs (a connection that opens
+    and closes between two samples can go unseen)."""
+    if slurm_cluster.net is None:
+        yield
+        return
+    seen: dict[tuple[str, str, str], str] = {}
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.wait(1.0):
+            try:
+                found = slurm_cluster.loopback_task_sockets()
+            except (OSError, ValueError):  # a process ended while it was read: the next sample sees the rest
+                continue
+            for node, cmd, sock in found:
+                seen.setdefault((node, sock.local, sock.remote), cmd)
+
+    sampler = threading.Thread(target=sample, name="loopback-sampler", daemon=True)
+    sampler.start()
+    yield
+    stop.set()
+    sampler.join(timeout=30)
+    shown = [f"{node} {local} -> {remote}: {cmd}" for (node, local, remote), cmd in list(seen.items())[:5]]
+    assert not seen, "job tasks used loopback on a cluster of separate hosts:\n" + "\n".join(shown)
+
+
+@pytest.fixture(autouse=True)
 def nodes_back_in_service(slurm_cluster: LocalCluster) -> Iterator[None]:
     """A node a test leaves drained, down or failed is reported with Slurm's reason and resumed before the
     next test, so that one failure never cascades. Slurm draining a node for a step it could not kill
@@ -88,3 +118,15 @@ def nodes_back_in_service(slurm_cluster: LocalCluster) -> Iterator[None]:
                 left += step_log(log.read_text(errors="replace"), *report_step(report.name))
         message = f"Slurm could not end a step of this test: {'; '.join(unkillable)}"
         pytest.fail("\n".join([message, *left]), pytrace=False)
+
+
+@pytest.fixture
+def hosts(slurm_cluster: LocalCluster) -> LocalCluster:
+    """The cluster, whose nodes must be separate hosts (SLURM_ELASTIC_CLUSTER_NETWORK=hosts, the default):
+    where the Slurm tests are required, a loopback cluster fails the test rather than skip it."""
+    if slurm_cluster.net is None:
+        message = "the local cluster runs every node on 127.0.0.1 (SLURM_ELASTIC_CLUSTER_NETWORK=loopback)"
+        if _required():
+            pytest.fail(f"nodes as hosts are required here: {message}", pytrace=False)
+        pytest.skip(message)
+    return slurm_cluster

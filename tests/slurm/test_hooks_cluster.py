@@ -128,7 +128,13 @@ def elastic_job(hooks: Hooked, tmp_path: Path) -> Iterator[Callable[..., Elastic
         job_dir = tmp_path / "home" / "jobs" / "core"
         job = hooks.sbatch("--hold", f"--comment={hook_comment(job_dir)}", *sbatch_args)
         secret = new_secret()
-        config = CoordinatorConfig(job_id=job, secret=secret, expected_workers=4, events_path=job_dir / "events.jsonl")
+        config = CoordinatorConfig(
+            job_id=job,
+            secret=secret,
+            expected_workers=4,
+            events_path=job_dir / "events.jsonl",
+            host=hooks.cluster.controller_address,  # where the nodes' hooks reach this process
+        )
         thread = CoordinatorThread(config).start()
         started.append(thread)
         JobHandle(job, thread.address, secret, "localhost", 0, time.time()).write(job_dir)
