@@ -23,15 +23,18 @@ ChaosKind = Literal[
     "shrink",  # Slurm takes nodes away (scontrol update NumNodes)
     "reclaim",  # an operator gives a node back (slurm-elastic reclaim)
     "preempt_satellite",  # a satellite job is preempted by a higher-priority job
+    "partition",  # a node's link down for longer than a lease: evicted by silence, back when the link is
+    "link_flap",  # a node's link down for less than a lease: a pause, nobody leaves
 ]
 LOCAL_KINDS: tuple[ChaosKind, ...] = (
     "worker_kill", "node_loss", "hang", "join", "drain", "recovery_fault", "transfer_fault",
 )  # fmt: skip
 SLURM_KINDS: tuple[ChaosKind, ...] = (
     "worker_kill", "node_loss", "hang", "recovery_fault", "transfer_fault", "shrink", "reclaim",
-    "preempt_satellite", "drain",
+    "preempt_satellite", "drain", "partition", "link_flap",
 )  # fmt: skip
-ABRUPT: tuple[ChaosKind, ...] = ("worker_kill", "node_loss", "hang", "shrink")  # each starts a recovery
+LINK_KINDS: tuple[ChaosKind, ...] = ("partition", "link_flap")  # need nodes as separate hosts
+ABRUPT: tuple[ChaosKind, ...] = ("worker_kill", "node_loss", "hang", "shrink", "partition")  # each starts a recovery
 STEP_PHASES = ("forward", "backward", "bucket", "allreduce", "optimizer", "commit")
 
 
@@ -130,6 +133,7 @@ def plan_slurm_chaos(
             "transfer_fault": len(targets) >= 2 and armed is None and not last,
             "shrink": shrinkable, "reclaim": bool(satellites) or shrinkable,
             "preempt_satellite": bool(satellites), "drain": bool(satellites),
+            "partition": bool(targets), "link_flap": bool(targets),
         }  # fmt: skip
         choices = [k for k in kinds if feasible.get(k, False)]
         if armed is not None and armed.kind == "recovery_fault":

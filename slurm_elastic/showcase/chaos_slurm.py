@@ -6,7 +6,8 @@ The job is `elastic_core.sbatch` on every node of the cluster (the first is the 
 hang, a kill while a generation forms or while a joiner receives the state: in the plan the workers read)
 with what Slurm and operators do: a node's sudden death (slurmd, step daemons and tasks at once), a shrink
 (`scontrol update NumNodes`), a reclaim (`slurm-elastic reclaim`), a satellite preempted by a
-higher-priority job, and a node drained by an admin. After each fault the job is refilled: the launcher
+higher-priority job, a node drained by an admin, and a node's link cut (for longer than a lease, and for
+less: with nodes as separate hosts). After each fault the job is refilled: the launcher
 starts an agent on its node again, or a satellite (`slurm-elastic grow`) takes a node that was freed;
 the job is led from fault to fault (no step past the next fault's starts; `--until-file` of the paced
 example), so that every fault lands at the step the plan names whatever Slurm's delays.
@@ -24,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from slurm_elastic.decide.chaos import ChaosFault, plan_slurm_chaos, steps_needed
+from slurm_elastic.decide.chaos import LINK_KINDS, SLURM_KINDS, ChaosFault, plan_slurm_chaos, steps_needed
 from slurm_elastic.errors import ElasticError
 from slurm_elastic.events import EventsFile
 from slurm_elastic.eventtypes import (
@@ -51,13 +52,17 @@ CORE = Path(__file__).resolve().parents[2] / "sbatch_templates" / "elastic_core.
 SLURM_PAUSE_S = 2 * PAUSE_S  # paced, so that a node that takes seconds to start still finds the job running
 
 
+LEASE_S = 5.0
+FLAP_S = 2.0  # a link_flap's cut: under half a lease
+
+
 def _settings(root: Path, reduce_dtype: str) -> dict[str, str]:
     return {
         "SLURM_ELASTIC_HOME": str(root / "home"),
         "SLURM_ELASTIC_LEDGER_DIR": str(root / "ledger"),
         "SLURM_ELASTIC_REDUCE_DTYPE": reduce_dtype,
         "SLURM_ELASTIC_HEARTBEAT_INTERVAL_S": "0.5",
-        "SLURM_ELASTIC_LEASE_TIMEOUT_S": "5",
+        "SLURM_ELASTIC_LEASE_TIMEOUT_S": str(LEASE_S),
         "SLURM_ELASTIC_HANG_TIMEOUT_S": "5",
         "SLURM_ELASTIC_PROGRESS_INTERVAL_S": "0.5",
         "SLURM_ELASTIC_RECORD_COMMITS": "true",  # one event per committed step: where the job is, exactly
@@ -232,6 +237,10 @@ class _Runner:
         node = fault.node
         self.log(f"chaos: step {fault.step}: {fault.kind} of {node or 'a satellite'}" + (
             f" in {fault.phase}" if fault.phase else ""))  # fmt: skip
+        if fault.kind == "link_flap":
+            self._flap(node or "", since)
+            self.hit.append(node)
+            return
         if fault.kind in ("recovery_fault", "transfer_fault"):
             self.hit.append(node)  # armed: strikes in its successor's recovery or join
             self.armed = (len(self.hit) - 1, fault, since)
@@ -258,6 +267,8 @@ class _Runner:
         self.hit.append(node)
         if fault.kind == "node_loss":
             job.cluster.restart_node(node or "")
+        elif fault.kind == "partition":
+            job.cluster.set_link(node or "", up=True)  # its old agent withdraws; a new one rejoins
         elif fault.kind == "drain":
             job.wait(f"{node} drained", lambda: job.cluster.node_states().get(node or "") == "drained", 120)
             job.backend.set_node_state(node or "", "RESUME", "")
@@ -265,6 +276,18 @@ class _Runner:
         if self.armed is not None:
             self._follow(*self.armed)
             self.armed = None
+
+    def _flap(self, node: str, since: float) -> None:
+        """The node's link down for less than a lease, then up: nobody may leave for it."""
+        job = self.job
+        job.cluster.set_link(node, up=False)
+        try:
+            time.sleep(FLAP_S)
+        finally:
+            job.cluster.set_link(node, up=True)
+        time.sleep(LEASE_S)  # any eviction it caused has happened by now
+        if job.left_since(since):
+            raise ElasticError(f"chaos: a link down for {FLAP_S} s (under a lease) lost {job.left_since(since)}")
 
     def _follow(self, index: int, fault: ChaosFault, since: float) -> None:
         """An armed fault strikes in its successor's recovery or in the state transfer to its joiner, maybe
@@ -280,6 +303,8 @@ class _Runner:
         reclaim: subprocess.Popen[str] | None = None
         if fault.kind == "node_loss":
             job.cluster.kill_node(node or "")
+        elif fault.kind == "partition":
+            job.cluster.set_link(node or "", up=False)  # up again once it has left (apply)
         elif fault.kind == "shrink":
             job.backend.resize_job(job.job_id, num_nodes=len(job.backend.job(job.job_id).nodes) - 1)
         elif fault.kind == "reclaim":
@@ -316,7 +341,9 @@ def run_chaos_slurm(
         raise ElasticError(f"the local Slurm cluster ({cluster.state_dir}) is not running: `make cluster-up` first")
     os.environ.update(cluster.env())
     started = time.monotonic()
-    plan = plan_slurm_chaos(seed, faults, nodes=tuple(cluster.nodes))
+    # A cut link needs nodes that are hosts of their own (the default local cluster).
+    kinds = SLURM_KINDS if cluster.net is not None else tuple(k for k in SLURM_KINDS if k not in LINK_KINDS)
+    plan = plan_slurm_chaos(seed, faults, nodes=tuple(cluster.nodes), kinds=kinds)
     log(f"chaos --slurm: seed {seed}, {faults} faults over {steps_needed(plan)} steps on {', '.join(cluster.nodes)}")
     cluster.wait_nodes(cluster.nodes, want_idle=True, timeout_s=180)
     root = Path(tempfile.mkdtemp(prefix="slurm-elastic-chaos-slurm-"))
@@ -365,6 +392,9 @@ def _run(
         job.wait_finished()
         final = job.backend.job(job.job_id)
     finally:
+        if cluster.net is not None:
+            for node in cluster.nodes:  # a run stopped mid-partition leaves no node cut off
+                cluster.set_link(node, up=True)
         cluster.slurm("scancel", job.job_id, *job.satellites(), *job.others, check=False)
         cluster.recover_nodes()
         cluster.wait_nodes(cluster.nodes, want_idle=True, timeout_s=180)
