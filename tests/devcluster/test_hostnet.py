@@ -1,11 +1,18 @@
-"""The host network plan of the local cluster (names, addresses, hosts files, `ip` commands) is pure."""
+"""The host network of the local cluster: its plan (names, addresses, hosts files, `ip` commands) is pure;
+made for real (as root), its nodes reach each other, a cut link stops them, and removal leaves nothing."""
 
 from __future__ import annotations
 
+import os
+import shutil
 import socket
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
+from slurm_elastic.testing.devcluster import hostnet
 from slurm_elastic.testing.devcluster.hostnet import FABRIC_IF, MGMT_IF, HostNetwork
 from slurm_elastic.testing.devcluster.sockets import TcpSocket, parse_tcp_table
 
@@ -86,3 +93,48 @@ def test_proc_tcp_tables_parse_to_addresses_and_ports() -> None:
     six = parse_tcp_table(tcp6)
     assert six[9] == TcpSocket("127.0.0.1:8080", "10.77.0.11:40960", listening=False) and six[9].on_loopback
     assert six[10].local == "[::1]:8081" and six[10].on_loopback
+
+
+def _on(net: HostNetwork, node: str, code: str, *, timeout: float = 20) -> subprocess.CompletedProcess[str]:
+    argv = [*net.exec_prefix(node), sys.executable, "-c", code]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+
+
+@pytest.mark.timeout(120)
+def test_a_network_is_made_reached_cut_and_removed_leaving_nothing() -> None:
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail("CI runs as root with iproute2: network namespaces must be tested there")
+        pytest.skip("making network namespaces needs root and iproute2")
+    net = HostNetwork(("n1", "n2"), index=213)  # names and subnets of its own, beside a running cluster
+    hostnet.create(net)
+    hostnet.create(net)  # again, as after a crashed run: whatever was there is replaced
+    try:
+        listener = subprocess.Popen(
+            [*net.exec_prefix("n1"), sys.executable, "-c",
+             "import socket; s = socket.create_server(('0.0.0.0', 47213)); print('up', flush=True)\n"
+             "while True: s.accept()[0].close()"],
+            stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        try:
+            assert listener.stdout is not None and listener.stdout.readline().strip() == "up"
+            connect = "import socket; socket.create_connection(('{}', 47213), timeout=2).close()"
+            n1 = net.address("n1")
+            assert _on(net, "n2", connect.format(n1)).returncode == 0
+            here = _on(net, "n2", "import socket; print(socket.gethostbyname(socket.gethostname()))")
+            assert here.stdout.strip() == net.address("n2")  # a node's own name is its own address
+            assert _on(net, "n2", connect.format("127.0.0.1")).returncode != 0  # n1's loopback is not n2's
+            hostnet.set_link(net, "n1", up=False)
+            assert _on(net, "n2", connect.format(n1)).returncode != 0  # cut: nothing gets through
+            hostnet.set_link(net, "n1", up=True)
+            assert _on(net, "n2", connect.format(n1)).returncode == 0
+        finally:
+            listener.kill()
+            listener.wait()
+    finally:
+        hostnet.remove(net)
+    netns = subprocess.run(["ip", "-o", "netns", "list"], capture_output=True, text=True, check=True).stdout
+    links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True, check=True).stdout
+    assert "se213-" not in netns and "se213-" not in links
+    assert not list(Path("/etc/netns").glob("se213-*"))
+    hostnet.remove(net)  # and removing nothing is fine
