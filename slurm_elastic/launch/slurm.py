@@ -77,6 +77,14 @@ def _advertised_host(config: JobConfig) -> str:
     return socket.gethostbyname(socket.gethostname())
 
 
+def slurm_is_ending(info: JobInfo) -> bool:
+    """Slurm itself is already ending the job (a user's `scancel`, a preemption that cancels, a node
+    failure): a requeue would undo a user's cancel, and where Slurm requeues by itself (preemption with
+    PreemptMode=REQUEUE) it needs no help. A job it still counts as running was stopped for a reason that
+    asks to come back: the time-limit warning (`--signal`), a drain of every node."""
+    return info.is_finished or "COMPLETING" in info.flags or info.state in ("COMPLETING", "CANCELLED")
+
+
 class SlurmLaunch:
     relaunch_retry_s = 15.0  # between new agents on a node that came back (one may take seconds to register)
 
@@ -339,8 +347,12 @@ class SlurmLaunch:
         baseline = phase == "failed" and self.config.recovery == "requeue"
         if (phase == "suspended" or baseline) and self.config.requeue:
             with contextlib.suppress(SlurmError):
-                self.backend.requeue(self.slurm_job)
-                log.info("job_requeued", slurm_job=self.slurm_job)
+                info = self.backend.job(self.slurm_job)
+                if slurm_is_ending(info):
+                    log.info("job_not_requeued", slurm_job=self.slurm_job, state=info.state)
+                else:
+                    self.backend.requeue(self.slurm_job)
+                    log.info("job_requeued", slurm_job=self.slurm_job)
         if self.coordinator is not None:
             self.coordinator.stop()
         with contextlib.suppress(FileNotFoundError):

@@ -125,3 +125,15 @@ def test_every_holder_lost_restarts_the_workers_from_the_latest_checkpoint(
     assert fallback.resume_step == 10 and fallback.last_committed_step == 14  # a checkpoint every 10
     assert job.of(RestartAll) and not job.of(JobFailed)
     job.assert_same_training(reference_model(tmp_path.parent, 40))
+
+
+def test_scancel_ends_a_running_job_for_good(elastic_jobs: list[ElasticSlurmJob], tmp_path: Path) -> None:
+    """A user's cancel is not undone: the job stops (its nodes drain at a step boundary) and is not requeued."""
+    job = submit_core(tmp_path / "scancel", nodes="2", steps=200, pause=0.3)
+    elastic_jobs.append(job)
+    job.wait_step(5)
+    job.cancel()
+    info = job.wait_finished(timeout=120, hurry=False)
+    assert info.state == "CANCELLED" and info.restart_count == 0, info
+    time.sleep(3)  # a requeue would show by now
+    assert job.info().state == "CANCELLED"

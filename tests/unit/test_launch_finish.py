@@ -65,3 +65,25 @@ def test_a_coordinator_that_is_gone_cannot_tell_and_the_end_still_runs(
     launch.coordinator.stop()  # its loop is closed: asking it raises
     launch.finish("failed")
     assert launch.srun is not None and launch.srun.returncode == 0
+
+
+@pytest.mark.parametrize(
+    ("state", "base_state", "flags", "ending"),
+    [
+        ("RUNNING", "RUNNING", set(), False),  # the time-limit warning, a drain of every node: come back
+        ("COMPLETING", None, {"COMPLETING"}, True),  # scancel as Slurm 22.05's text shows it
+        ("COMPLETING", None, set(), True),
+        ("CANCELLED", "CANCELLED", {"COMPLETING"}, True),  # scancel as JSON shows it (24.11)
+        ("PREEMPTED", "PREEMPTED", {"COMPLETING"}, True),  # a preemption that cancels
+        ("TIMEOUT", "TIMEOUT", set(), True),
+        ("REQUEUED", "PENDING", {"REQUEUED"}, False),  # Slurm requeued it already: another requeue is refused
+    ],
+)
+def test_a_job_slurm_is_already_ending_is_not_requeued(
+    state: str, base_state: str | None, flags: set[str], ending: bool
+) -> None:
+    from slurm_elastic.launch.slurm import slurm_is_ending
+    from slurm_elastic.slurm import JobInfo
+
+    info = JobInfo("7", state=state, base_state=base_state, flags=frozenset(flags))
+    assert slurm_is_ending(info) is ending
