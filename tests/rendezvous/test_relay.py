@@ -124,7 +124,9 @@ def test_gloo_groups_form_through_two_nodes_relays(coordinator: tuple[Coordinato
             t.join(30)
         ops = sum(thread.call(lambda: dict(thread.coordinator.store.served)).values()) - before
     assert groups == [10.0] * world
-    assert 0 < ops < world + 2 * world * world  # what the same groups cost the coordinator direct
+    # Never more than the same groups cost the coordinator direct; fewer only where identical reads overlap
+    # in time, which a loaded machine may not give (the coalescing itself is checked above).
+    assert 0 < ops <= world + 2 * world * world
 
 
 def test_the_relay_refuses_a_client_without_the_secret(coordinator: tuple[CoordinatorThread, str]) -> None:
