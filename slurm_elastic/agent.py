@@ -38,9 +38,10 @@ from slurm_elastic.jobsecret import SECRET_FD, Secret, secret_pipe
 from slurm_elastic.lineage import become_subreaper, die_with_parent, kill_adopted, reap_adopted
 from slurm_elastic.logs import configure_logging, drop_unwritable_output, get_logger
 from slurm_elastic.loops import start_thread
-from slurm_elastic.netif import GroupInterface
+from slurm_elastic.netif import GroupInterface, route_address
 from slurm_elastic.netif import for_node as group_interface_for_node
 from slurm_elastic.nodecache import remove_job_cache
+from slurm_elastic.probe import ProbeListener, unreachable
 from slurm_elastic.rendezvous.relay import RelayThread
 from slurm_elastic.waiting import holds_within
 from slurm_elastic.wire.channel import Channel, answers, connect
@@ -50,6 +51,8 @@ from slurm_elastic.wire.messages import (
     Heartbeat,
     HoldNode,
     KillWorker,
+    Probe,
+    ProbeResult,
     RegisterNode,
     RestartWorkers,
     Stop,
@@ -139,6 +142,7 @@ class Agent:
         self._relay: RelayThread | None = None
         # The interface of this node's training groups (netif): the agent decides, its workers follow.
         self.interface: GroupInterface | None = group_interface_for_node(config.coordinator, os.environ)
+        self._probes: ProbeListener | None = None
 
     def _see(self, event: AgentEvent) -> phase.Transition:
         with self._lock:
@@ -241,7 +245,7 @@ class Agent:
 
     # --- coordinator ----------------------------------------------------------------------------------
 
-    def _report(self, message: WorkerExited | DrainRequest | Heartbeat | WorkerEvent) -> None:
+    def _report(self, message: WorkerExited | DrainRequest | Heartbeat | WorkerEvent | ProbeResult) -> None:
         if self._channel is None or not phase.reports(self._state):
             return
         try:
@@ -274,6 +278,29 @@ class Agent:
                     self._see(phase.StopReceived(error=bool(message.error)))
                 elif isinstance(message, HoldNode):
                     self._see(phase.HoldAsked(message.hold_s))
+                elif isinstance(message, Probe):  # off this thread: the connects take up to its timeout
+                    start_thread("se-agent-probe", functools.partial(self._probe, message), self._thread_died)
+
+    def _probe(self, probe: Probe) -> None:
+        targets = {node: address for node, address in probe.targets.items() if node != self.config.node}
+        source = self._probes.address.rpartition(":")[0] if self._probes is not None else None
+        failed = unreachable(targets, probe.timeout_s, source)
+        if failed:
+            log.warning("peers_unreachable", node=self.config.node, peers=failed[:20], count=len(failed))
+        self._report(ProbeResult(round=probe.round, unreachable=failed))
+
+    def _start_probe_listener(self) -> ProbeListener | None:
+        """Where peers test their path to this node: on the training groups' address."""
+        host = self.config.coordinator.rsplit(":", 1)[0].strip("[]")
+        address = self.interface.address if self.interface is not None else None
+        address = address or route_address(host)
+        if address is None:
+            return None
+        try:
+            return ProbeListener(address)
+        except OSError as exc:  # without it, a cut to this node is found by the collectives' timeout alone
+            log.warning("probe_listener_not_started", node=self.config.node, error=str(exc))
+            return None
 
     def _kill(self, worker_id: str, reason: str) -> None:
         for slot in self.slots:
@@ -325,11 +352,13 @@ class Agent:
         cfg = self.config
         become_subreaper()  # what a worker leaves behind comes back to this agent, inside the Slurm step
         self._channel = connect(cfg.coordinator, secret=cfg.secret, job_id=cfg.job_id, role="agent", retry_s=30.0)
+        self._probes = self._start_probe_listener()
         self._channel.send(
             RegisterNode(
                 node=cfg.node,
                 host=socket.gethostname(),
                 interface=self.interface.describe() if self.interface is not None else None,
+                probe=self._probes.address if self._probes is not None else None,
                 nproc=cfg.nproc,
                 pid=os.getpid(),
                 slurm_job_id=cfg.slurm_job_id,
@@ -352,6 +381,8 @@ class Agent:
         finally:
             if self._relay is not None:
                 self._relay.stop()
+            if self._probes is not None:
+                self._probes.stop()
 
     def _start_relay(self) -> RelayThread | None:
         """The node's store relay; without one, the workers reach the coordinator's store themselves."""

@@ -294,6 +294,35 @@ class NodeUnresponsive(Event):
 
 
 @dataclass(frozen=True)
+class PeersUnreachable(Event):
+    """After a collective fault, member nodes tried to connect to each other (`probe`): the pairs that failed
+    (`from>to`) and the nodes evicted for them (none: the group is re-formed as it was)."""
+
+    KIND: ClassVar[str] = "peers_unreachable"
+    generation: int
+    nodes: int  # probed
+    failing: tuple[str, ...]
+    evicted: tuple[str, ...]
+    seconds: float
+
+    def summary(self) -> str:
+        pairs = ", ".join(self.failing[:6]) + (" ..." if len(self.failing) > 6 else "")
+        if not self.evicted:
+            return f"generation {self.generation}: all {self.nodes} nodes reach each other; re-forming"
+        return f"generation {self.generation}: {pairs} unreachable; evicted {', '.join(self.evicted)}"
+
+
+@dataclass(frozen=True)
+class NodeReadmitted(Event):
+    """A node evicted as unreachable reaches every member again: its waiting workers may join."""
+
+    KIND: ClassVar[str] = "node_readmitted"
+    node: str
+    workers: tuple[str, ...]
+    held_s: float
+
+
+@dataclass(frozen=True)
 class HangEvicted(Event):
     KIND: ClassVar[str] = "hang_evicted"
     worker: str
@@ -404,8 +433,8 @@ class ControlLoopFailed(Event):
 CATALOGUE: tuple[type[Event], ...] = (
     Commit, MembershipChange, GenerationReady, Recovered, CheckpointFallback, Progress, NodeRegistered,
     WorkerRegistered, NodeLost, DrainRequested, CoordinatorStarted, SlurmJobStarted, WorkerExited, UserFailure,
-    CollectiveFault, StateLost, NodeUnresponsive, HangEvicted, RestartAll, JobFinished, JobSuspended, JobCancelled,
-    JobFailed,
+    CollectiveFault, StateLost, NodeUnresponsive, PeersUnreachable, NodeReadmitted, HangEvicted, RestartAll,
+    JobFinished, JobSuspended, JobCancelled, JobFailed,
     CoordinatorPaused, AgentRelaunched, AgentRelaunchGivenUp, MessageDropped, KeepPending, ConnectionRefused,
     ControlLoopFailed,
 )  # fmt: skip
@@ -447,8 +476,10 @@ __all__ = [
     "MembershipChange",
     "MessageDropped",
     "NodeLost",
+    "NodeReadmitted",
     "NodeRegistered",
     "NodeUnresponsive",
+    "PeersUnreachable",
     "Progress",
     "Recovered",
     "RestartAll",

@@ -33,6 +33,7 @@ class Record:
         self._recovering: tuple[int, float, int] | None = None  # (generation, detected at, last step)
         self._fallback_from: int | None = None  # the last committed step when a checkpoint fallback began
         self._silent_since: float | None = None  # the last word of a peer evicted for silence (monotonic)
+        self.last_commit_at = time.monotonic()  # when the newest commit arrived (monotonic)
 
     def view(self) -> PublicView:
         with self._lock:
@@ -82,6 +83,7 @@ class Record:
         now = time.time()
         commit = Commit(c.step, c.generation, c.world, c.loss, c.time, samples=c.samples, received=now)
         self._recent.append(commit)
+        self.last_commit_at = time.monotonic()
         if self._record_commits:
             self.events.record(commit, quiet=True)
         with self._lock:

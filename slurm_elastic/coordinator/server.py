@@ -21,6 +21,7 @@ from slurm_elastic.coordinator.config import CoordinatorConfig
 from slurm_elastic.coordinator.connections import Connections, allow_open_files
 from slurm_elastic.coordinator.driver import STORE_PREFIX, Driver, send
 from slurm_elastic.coordinator.peers import Peer, PublicView
+from slurm_elastic.coordinator.reachability import Reachability
 from slurm_elastic.coordinator.record import Record
 from slurm_elastic.coordinator.scripts import ScriptReports
 from slurm_elastic.coordinator.ticker import Ticker
@@ -69,7 +70,8 @@ class Coordinator:
         )
         self.store = StoreService(STORE_PREFIX)
         self.driver = Driver(config, self.events, self.record, self.scripts, self.store, self.workers, self.agents)
-        self.ticker = Ticker(config, self.events, self.driver)
+        self.reachability = Reachability(self.events, self.driver)
+        self.ticker = Ticker(config, self.events, self.driver, self.reachability)
         self._ticker_task: asyncio.Task[None] | None = None
         self._agent_nproc: dict[str, int] = {}  # training processes each node's agent starts
         self.agent_registrations: Counter[str] = Counter()  # agents registered per node, over the job
@@ -126,7 +128,9 @@ class Coordinator:
         self.scripts.registered(wid)
         write_message(writer, msg.Registered(settings=self.driver.settings()))
         self.events.record(WorkerRegistered(wid, reg.node, reg.pid, reg.committed_step))
-        self.driver.feed(m.Joined(m.Worker(wid, reg.node, reg.local_rank, reg.committed_step)))
+        joined = m.Joined(m.Worker(wid, reg.node, reg.local_rank, reg.committed_step))
+        if not self.reachability.hold(joined):
+            self.driver.feed(joined)
         try:
             while True:
                 message = await self._next_message(reader, wid)
@@ -139,6 +143,7 @@ class Coordinator:
         finally:
             if self.workers.get(wid) is not None and self.workers[wid].writer is writer:
                 del self.workers[wid]
+                self.reachability.worker_gone(wid)
                 self.driver.lost(wid, "connection closed")
 
     def _on_worker_message(self, wid: str, peer: Peer, message: msg.Message) -> None:
@@ -155,7 +160,7 @@ class Coordinator:
                 self.driver.feed(m.ReachedBoundary(wid, message.generation, message.step))
             case msg.CollectiveFault():
                 self.events.record(CollectiveFault(wid, message.generation, message.detail))
-                self.driver.feed(m.Faulted(wid, message.generation, message.detail))
+                self.reachability.fault(m.Faulted(wid, message.generation, message.detail))
             case msg.StateLost():
                 self.events.record(StateLost(wid, message.generation, message.detail))
                 self.driver.feed(m.StateLost(wid, message.generation, message.detail))
@@ -201,6 +206,7 @@ class Coordinator:
             writer, node, time.monotonic(), pid=reg.pid, slurm_job=reg.slurm_job_id, interface=reg.interface
         )
         self._agent_nproc[node] = reg.nproc
+        self.reachability.agent_registered(node, reg.probe)
         self.agent_registrations[node] += 1
         write_message(writer, msg.Ack(ok=True, detail=self.config.job_id))
         self.events.record(NodeRegistered(node, reg.host, reg.nproc, reg.slurm_job_id, reg.interface))
@@ -213,6 +219,7 @@ class Coordinator:
         finally:
             if self.agents.get(node) is not None and self.agents[node].writer is writer:
                 del self.agents[node]
+                self.reachability.agent_lost(node)
                 lost = tuple(w for w, p in self.workers.items() if p.node == node)
                 if self.state.phase in ("rendezvous", "running"):
                     self.events.record(NodeLost(node, lost))
@@ -231,6 +238,8 @@ class Coordinator:
                 self._on_drain(message)
             case msg.Heartbeat():
                 pass
+            case msg.ProbeResult():
+                self.reachability.result(node, message)
             case msg.WorkerEvent(kind="control_loop_failed"):  # the agent is failing: why, before it goes
                 self.events.record(ControlLoopFailed(str(message.fields.get("reason", ""))[:1000], node=node))
             case _:

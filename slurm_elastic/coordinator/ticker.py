@@ -12,6 +12,7 @@ import time
 from slurm_elastic.coordinator.config import CoordinatorConfig
 from slurm_elastic.coordinator.driver import Driver, send
 from slurm_elastic.coordinator.peers import Peer
+from slurm_elastic.coordinator.reachability import Reachability
 from slurm_elastic.decide import membership as m
 from slurm_elastic.decide.health import Liveness, find_unresponsive, stalled_for
 from slurm_elastic.events import EventLog
@@ -24,8 +25,8 @@ LIVENESS_S = 0.5  # leases and hangs are judged this often: a scan is O(peers), 
 
 
 class Ticker:
-    def __init__(self, config: CoordinatorConfig, events: EventLog, driver: Driver) -> None:
-        self.config, self.events, self.driver = config, events, driver
+    def __init__(self, config: CoordinatorConfig, events: EventLog, driver: Driver, reach: Reachability) -> None:
+        self.config, self.events, self.driver, self.reachability = config, events, driver, reach
         self.workers, self.agents = driver.workers, driver.agents
         self._last_tick = self._last_pulse = self._last_scan = time.monotonic()
         self._last_tick_cpu = 0.0  # the loop thread's CPU time at the last tick (set on the loop's thread)
@@ -48,6 +49,7 @@ class Ticker:
             self._last_pulse = now
             self._pulse()
         self.driver.feed(m.Tick())
+        self.reachability.tick(now)
         if self.driver.state.phase == "running" and now - self._last_scan >= LIVENESS_S:
             self._last_scan = now
             self._evict_unresponsive(now)

@@ -255,6 +255,7 @@ class RegisterNode(_Msg):
     node: NodeName
     host: str
     interface: str | None = Field(default=None, max_length=200)  # of its training groups: "fab0 10.0.0.5 (why)"
+    probe: str | None = Field(default=None, max_length=100)  # "ip:port" its peers connect to (`Probe`)
     nproc: int = Field(ge=1, le=1024)
     pid: int = Field(ge=0)
     slurm_job_id: str | None = None
@@ -287,6 +288,21 @@ class HoldNode(_Msg):
 
     type: Literal["hold_node"] = "hold_node"
     hold_s: float = Field(gt=0, le=3600)
+
+
+class Probe(_Msg):
+    """Try to connect to each of these nodes' probe addresses over the training groups' network."""
+
+    type: Literal["probe"] = "probe"
+    round: int = Field(ge=1)
+    targets: dict[NodeName, str] = Field(max_length=100_000)  # node -> "ip:port"
+    timeout_s: float = Field(gt=0, le=60)
+
+
+class ProbeResult(_Msg):
+    type: Literal["probe_result"] = "probe_result"
+    round: int = Field(ge=1)
+    unreachable: list[NodeName] = Field(max_length=100_000)
 
 
 # --- clients (CLI, hooks, agents) -> coordinator ----------------------------------------------------
@@ -408,6 +424,8 @@ Message = Annotated[
     | KillWorker
     | RestartWorkers
     | HoldNode
+    | Probe
+    | ProbeResult
     | DrainRequest
     | KeepPending
     | StatusRequest

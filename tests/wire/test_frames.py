@@ -58,6 +58,8 @@ SAMPLES: list[BaseModel] = [
     msg.KillWorker(worker_id="n1:0:0", reason="hang"),
     msg.RestartWorkers(reason="restart mode"),
     msg.HoldNode(hold_s=600.0),
+    msg.Probe(round=3, targets={"n2": "10.78.0.12:41000", "n3": "10.78.0.13:41000"}, timeout_s=3.0),
+    msg.ProbeResult(round=3, unreachable=["n3"]),
     msg.DrainRequest(nodes=["n3"], mode="now", reason="preempted", source="epilog"),
     msg.DrainRequest(nodes=["n3", "n4"], reason="reclaimed", source="reclaim", hold_s=120.0),
     msg.KeepPending(count=2, partition="spot"),
