@@ -71,6 +71,9 @@ def test_link_command_acts_on_the_host_side() -> None:
     net = HostNetwork(NODES)
     assert net.link_command("n2", up=False) == ["ip", "link", "set", "se-n2-m", "down"]
     assert net.link_command("n2", up=True, net="fab") == ["ip", "link", "set", "se-n2-f", "up"]
+    cut = ["ip", "-n", "se-n2", "route", "replace", "blackhole", "10.77.0.13/32"]
+    assert net.route_command("n2", "n3", blocked=True) == cut
+    assert net.route_command("n2", "n3", blocked=False, net="fab")[-3:] == ["del", "blackhole", "10.78.0.13/32"]
 
 
 def test_proc_tcp_tables_parse_to_addresses_and_ports() -> None:
@@ -127,6 +130,12 @@ def test_a_network_is_made_reached_cut_and_removed_leaving_nothing() -> None:
             hostnet.set_link(net, "n1", up=False)
             assert _on(net, "n2", connect.format(n1)).returncode != 0  # cut: nothing gets through
             hostnet.set_link(net, "n1", up=True)
+            assert _on(net, "n2", connect.format(n1)).returncode == 0
+            hostnet.set_route(net, "n1", "n2", blocked=True)  # one way: n1's answers to n2 vanish
+            hostnet.set_route(net, "n1", "n2", blocked=True)  # (again: no error)
+            assert _on(net, "n2", connect.format(n1)).returncode != 0
+            hostnet.set_route(net, "n1", "n2", blocked=False)
+            hostnet.set_route(net, "n1", "n2", blocked=False)
             assert _on(net, "n2", connect.format(n1)).returncode == 0
         finally:
             listener.kill()

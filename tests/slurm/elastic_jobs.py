@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from slurm_elastic.data import default_corpus, prepare_data
-from slurm_elastic.eventtypes import E, Progress, of_kind
+from slurm_elastic.eventtypes import E, MembershipChange, Progress, of_kind
 from slurm_elastic.jobdir import job_dir
 from slurm_elastic.ledger import LedgerReport, analyze
 from slurm_elastic.showcase.metrics import max_param_rel_diff
@@ -70,6 +70,10 @@ class ElasticSlurmJob:
     def of(self, kind: type[E]) -> list[E]:
         """The job's events of one catalogued kind, as its type."""
         return of_kind(self.events(), kind)
+
+    def worlds(self) -> list[int]:
+        """The world size of each generation, in order."""
+        return [e.world for e in self.of(MembershipChange)]
 
     def last_step(self) -> int:
         return max((e.step for e in self.of(Progress)), default=0)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from slurm_elastic.eventtypes import JobFailed, JobFinished, MembershipChange, WorkerExited, WorkerRegistered
+from slurm_elastic.eventtypes import JobFailed, JobFinished, WorkerExited, WorkerRegistered
 from slurm_elastic.showcase.metrics import max_param_rel_diff
 from slurm_elastic.testing.devcluster import LocalCluster
 
@@ -90,7 +90,7 @@ def test_the_scripts_own_torch_distributed_calls_follow_a_node_death(
     elastic_jobs.append(job)
     job.wait("step 5", lambda: "world 5 " in job.output(), timeout=180)
     slurm_cluster.kill_node("n3")
-    job.wait("the job to shrink", lambda: [e.world for e in job.of(MembershipChange)][-1:] == [2], timeout=60)
+    job.wait("the job to shrink", lambda: job.worlds()[-1:] == [2], timeout=60)
     gate.touch()
     info = job.wait_finished(hurry=False)
     out = job.output()
@@ -120,7 +120,7 @@ def test_the_gpt_script_survives_a_node_death_and_a_join(
     elastic_jobs.append(job)
     job.wait_step(5)
     slurm_cluster.kill_node("n3")
-    job.wait("the job to shrink", lambda: [e.world for e in job.of(MembershipChange)][-1:] == [2], timeout=60)
+    job.wait("the job to shrink", lambda: job.worlds()[-1:] == [2], timeout=60)
     grow = [sys.executable, "-m", "slurm_elastic", "grow", "--nodes", "1", "--job", job.job_id]
     done = subprocess.run(grow, env=job_env(job.root), capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -128,7 +128,7 @@ def test_the_gpt_script_survives_a_node_death_and_a_join(
     gate.touch()  # the members run on; the joiner joins at the next step boundary
     info = job.wait_finished(hurry=False)
     assert info.state == "COMPLETED", f"{info.state}\n{job.output()[-3000:]}"
-    assert [e.world for e in job.of(MembershipChange)] == [3, 2, 3]
+    assert job.worlds() == [3, 2, 3]
     report = job.ledger()
     assert (report.committed_steps, report.duplicate_samples, report.skipped_samples) == (21, 0, 0)
     got, want = (torch.load(d / "ckpt.pt", weights_only=True) for d in (root / "own", reference))

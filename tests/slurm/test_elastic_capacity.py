@@ -48,10 +48,6 @@ def quiet_cluster(cluster: LocalCluster) -> None:
     cluster.wait_nodes(cluster.nodes, want_idle=True, timeout_s=120)
 
 
-def worlds(job: ElasticSlurmJob) -> list[int]:
-    return [e.world for e in job.of(MembershipChange)]
-
-
 def elastic(job: ElasticSlurmJob, *args: str) -> subprocess.CompletedProcess[str]:
     cmd = [sys.executable, "-m", "slurm_elastic", *args, "--job", job.job_id]
     done = subprocess.run(cmd, env=job_env(job.root), capture_output=True, text=True, timeout=120)
@@ -76,14 +72,14 @@ def test_preempted_satellite_leaves_cleanly_and_rejoins(cleanup: list[str], tmp_
     job.wait_step(3)
     elastic(job, "grow", "--nodes", "1", "--partition", "train")
     cleanup.extend(satellites(job))
-    job.wait("the satellite to join", lambda: worlds(job)[-1:] == [3], timeout=120)
+    job.wait("the satellite to join", lambda: job.worlds()[-1:] == [3], timeout=120)
     satellite_node = next(e.node for e in job.of(NodeRegistered) if e.node not in ("n1", "n2"))
     cleanup.append(sbatch("--partition=infer", "--exclusive", f"--nodelist={satellite_node}", "--wrap=sleep 10"))
-    job.wait("the satellite to drain", lambda: worlds(job)[-2:] == [3, 2], timeout=120)
+    job.wait("the satellite to drain", lambda: job.worlds()[-2:] == [3, 2], timeout=120)
     drain = job.of(MembershipChange)[-1]
     assert drain.cause == "drain" and drain.boundary_step is not None  # left at a step boundary
     assert not job.of(Recovered)  # nothing aborted, no committed step lost
-    job.wait("the requeued satellite to rejoin", lambda: worlds(job)[-3:] == [3, 2, 3], timeout=180)
+    job.wait("the requeued satellite to rejoin", lambda: job.worlds()[-3:] == [3, 2, 3], timeout=180)
     assert any(CliBackend().job(s).restart_count >= 1 for s in satellites(job))
     job.wait_finished()
     job.assert_same_training(reference_model(tmp_path.parent, 200))
@@ -99,7 +95,7 @@ def test_grow_keep_pending_takes_freed_nodes(cleanup: list[str], tmp_path: Path)
     pending = lambda: [s for s in satellites(job) if CliBackend().job(s).is_pending]  # noqa: E731
     job.wait("a pending satellite", lambda: len(pending()) == 1, timeout=30)
     subprocess.run(["scancel", blocker], check=True, timeout=30)
-    job.wait("the freed nodes to join", lambda: worlds(job)[-1:] == [4], timeout=180)
+    job.wait("the freed nodes to join", lambda: job.worlds()[-1:] == [4], timeout=180)
     job.wait("one satellite pending again", lambda: len(pending()) == 1, timeout=30)
     cleanup.extend(satellites(job))
     job.wait_finished()

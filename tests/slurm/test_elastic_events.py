@@ -28,10 +28,6 @@ from .elastic_jobs import ElasticSlurmJob, job_env, reference_model, submit_core
 pytestmark = pytest.mark.timeout(400)
 
 
-def worlds(job: ElasticSlurmJob) -> list[int]:
-    return [e.world for e in job.of(MembershipChange)]
-
-
 def test_node_failure_is_handled_long_before_slurm_notices(
     slurm_cluster: LocalCluster, elastic_jobs: list[ElasticSlurmJob], tmp_path: Path
 ) -> None:
@@ -40,20 +36,20 @@ def test_node_failure_is_handled_long_before_slurm_notices(
     job.wait_step(6)
     killed_at = time.time()
     slurm_cluster.kill_node("n3")
-    job.wait("the job to shrink", lambda: 3 in worlds(job), timeout=60)
+    job.wait("the job to shrink", lambda: 3 in job.worlds(), timeout=60)
     change = next(e for e in job.of(MembershipChange) if e.world == 3)
     assert change.time - killed_at < 25, "recovery must not wait for Slurm's SlurmdTimeout (30 s)"
     assert not slurm_cluster.node_states()["n3"].startswith("down"), "Slurm had not noticed yet"
     slurm_cluster.restart_node("n3")  # the node comes back: the job starts an agent there, which rejoins
-    job.wait("n3 to rejoin", lambda: worlds(job)[-1:] == [4], timeout=90)
+    job.wait("n3 to rejoin", lambda: job.worlds()[-1:] == [4], timeout=90)
     rejoin = job.of(MembershipChange)[-1]
     assert rejoin.cause == "join" and rejoin.boundary_step is not None
     # The same node dies again, under the agent the job started there: that agent's srun outlives it and
     # must not keep the node from getting the next one.
     slurm_cluster.kill_node("n3")
-    job.wait("the job to shrink again", lambda: worlds(job)[-1:] == [3], timeout=60)
+    job.wait("the job to shrink again", lambda: job.worlds()[-1:] == [3], timeout=60)
     slurm_cluster.restart_node("n3")
-    job.wait("n3 to rejoin again", lambda: worlds(job)[-1:] == [4], timeout=90)
+    job.wait("n3 to rejoin again", lambda: job.worlds()[-1:] == [4], timeout=90)
     assert [e.node for e in job.of(AgentRelaunched)] == ["n3", "n3"]
     job.wait_finished()
     job.assert_same_training(reference_model(tmp_path.parent, 80))
@@ -64,7 +60,7 @@ def test_abrupt_shrink_is_handled_like_a_failure(elastic_jobs: list[ElasticSlurm
     elastic_jobs.append(job)
     job.wait_step(6)
     subprocess.run(["scontrol", "update", f"JobId={job.job_id}", "NumNodes=2"], check=True, timeout=30)
-    job.wait("the job to shrink to 2", lambda: worlds(job)[-1:] == [2], timeout=60)
+    job.wait("the job to shrink to 2", lambda: job.worlds()[-1:] == [2], timeout=60)
     assert len(job.info().nodes) == 2
     job.wait_finished()
     job.assert_same_training(reference_model(tmp_path.parent, 40))
@@ -104,7 +100,7 @@ def test_a_suspended_and_resumed_job_evicts_no_one(elastic_jobs: list[ElasticSlu
     time.sleep(12)  # SIGSTOP of every process of the job, batch host included, for more than two leases (5 s)
     subprocess.run(["scontrol", "resume", job.job_id], check=True, timeout=30)
     job.wait_finished()
-    assert worlds(job) == [4], "nobody was evicted or lost"
+    assert job.worlds() == [4], "nobody was evicted or lost"
     assert not job.of(NodeUnresponsive) and not job.of(HangEvicted) and not job.of(NodeLost)
     job.assert_same_training(reference_model(tmp_path.parent, 40))
 

@@ -34,10 +34,6 @@ def training(hooks: Hooked, tmp_path: Path) -> Iterator[ElasticSlurmJob]:  # noq
         job.cancel()
 
 
-def worlds(job: ElasticSlurmJob) -> list[int]:
-    return [e.world for e in job.of(MembershipChange)]
-
-
 def first_drain(job: ElasticSlurmJob, node: str) -> DrainRequested:
     return next(e for e in job.of(DrainRequested) if node in e.nodes)
 
@@ -48,7 +44,7 @@ def test_admin_drain_leaves_at_the_next_step_boundary_with_nothing_lost(
     tmp_path: Path,
 ) -> None:
     hooks.cluster.slurm("scontrol", "update", "NodeName=n3", "State=DRAIN", "Reason=pytest maintenance")
-    training.wait("n3 to leave", lambda: worlds(training)[-1:] == [3], timeout=60)
+    training.wait("n3 to leave", lambda: training.worlds()[-1:] == [3], timeout=60)
     drain = first_drain(training, "n3")
     assert (drain.source, drain.mode) == ("healthcheck", "boundary")
     change = training.of(MembershipChange)[-1]
@@ -60,7 +56,7 @@ def test_admin_drain_leaves_at_the_next_step_boundary_with_nothing_lost(
 
 def test_admin_fail_leaves_at_once(hooks: Hooked, training: ElasticSlurmJob, tmp_path: Path) -> None:  # noqa: F811
     hooks.cluster.slurm("scontrol", "update", "NodeName=n3", "State=FAIL", "Reason=pytest failing")
-    training.wait("n3 to leave", lambda: worlds(training)[-1:] == [3], timeout=60)
+    training.wait("n3 to leave", lambda: training.worlds()[-1:] == [3], timeout=60)
     drain = first_drain(training, "n3")
     assert (drain.source, drain.mode) == ("healthcheck", "now")
     change = training.of(MembershipChange)[-1]
@@ -75,7 +71,7 @@ def test_shrink_is_reported_by_the_epilog_before_any_heartbeat_timeout(
     tmp_path: Path,
 ) -> None:
     hooks.cluster.slurm("scontrol", "update", f"JobId={training.job_id}", "NumNodes=3")
-    training.wait("the job to shrink to 3", lambda: worlds(training)[-1:] == [3], timeout=60)
+    training.wait("the job to shrink to 3", lambda: training.worlds()[-1:] == [3], timeout=60)
     (released,) = {"n1", "n2", "n3", "n4"} - set(training.info().nodes)
     by_epilog = lambda: [e for e in training.of(DrainRequested) if e.source == "epilog"]  # noqa: E731
     training.wait("the epilog's report", lambda: bool(by_epilog()))

@@ -11,7 +11,7 @@ import pytest
 
 from slurm_elastic.commands.jobs import render_status, status_of
 from slurm_elastic.errors import ElasticError
-from slurm_elastic.eventtypes import JobFailed, MembershipChange, NodeRegistered
+from slurm_elastic.eventtypes import JobFailed, NodeRegistered
 from slurm_elastic.jobdir import JobHandle
 from slurm_elastic.testing.devcluster import LocalCluster
 from slurm_elastic.testing.devcluster.sockets import TcpSocket
@@ -81,9 +81,9 @@ def test_a_job_talks_over_its_nodes_addresses_only_through_a_kill_and_a_join(
     assert f"{nodes[0]} mgmt0 {hosts.address(nodes[0])}" in render_status(reply)
     victim = nodes[-1]
     hosts.kill_node(victim)
-    job.wait("the job to shrink", lambda: [e.world for e in job.of(MembershipChange)][-1:] == [2], timeout=60)
+    job.wait("the job to shrink", lambda: job.worlds()[-1:] == [2], timeout=60)
     hosts.restart_node(victim)
-    job.wait("the node to rejoin", lambda: [e.world for e in job.of(MembershipChange)][-1:] == [3], timeout=90)
+    job.wait("the node to rejoin", lambda: job.worlds()[-1:] == [3], timeout=90)
     job.wait_step(job.last_step() + 2)
     check_wiring(hosts, job, nodes, "mgmt")
     job.wait_finished()

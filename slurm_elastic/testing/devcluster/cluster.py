@@ -359,6 +359,14 @@ class LocalCluster:
             raise ClusterError(f"no link to cut: every node is on 127.0.0.1 ({ENV_NETWORK}=loopback)")
         hostnet.set_link(self.net, node, up, net)
 
+    def set_route(self, node: str, peer: str, blocked: bool, net: str = "mgmt") -> None:
+        """Cut what `node` sends to `peer` on network `net`, or mend it: both still reach everyone else."""
+        self._check_node(node)
+        self._check_node(peer)
+        if self.net is None:
+            raise ClusterError(f"no route to cut: every node is on 127.0.0.1 ({ENV_NETWORK}=loopback)")
+        hostnet.set_route(self.net, node, peer, blocked, net)
+
     def kill_node(self, name: str, *, mark_down: bool = False) -> set[int]:
         """Simulate the sudden death of node `name`: SIGKILL its slurmd, its slurmstepds and their tasks at once.
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from slurm_elastic.testing.devcluster.shell import ClusterError, find_binary
 
-__all__ = ["FABRIC_IF", "MGMT_IF", "HostNetwork", "create", "remove", "set_link"]
+__all__ = ["FABRIC_IF", "MGMT_IF", "HostNetwork", "create", "remove", "set_link", "set_route"]
 
 MGMT_IF = "mgmt0"
 FABRIC_IF = "fab0"
@@ -111,6 +111,12 @@ class HostNetwork:
         """Take `node`'s link to bridge `net` down or up, from the host side (the node sees its carrier go)."""
         return ["ip", "link", "set", self.veth(node, net), "up" if up else "down"]
 
+    def route_command(self, node: str, peer: str, blocked: bool, net: str = "mgmt") -> list[str]:
+        """Inside `node`, drop (or stop dropping) what it sends to `peer`'s address on `net`: a one-way cut
+        (the peer's packets still arrive; `node`'s answers to them vanish)."""
+        verb = "replace" if blocked else "del"
+        return ["ip", "-n", self.namespace(node), "route", verb, "blackhole", f"{self.address(peer, net)}/32"]
+
 
 def _ip(argv: list[str], *, check: bool = True) -> subprocess.CompletedProcess[str]:
     binary = find_binary("ip")
@@ -179,3 +185,8 @@ def set_link(net: HostNetwork, node: str, up: bool, which: str = "mgmt") -> None
     """Take `node`'s link to bridge `which` down (a cable pulled: its packets vanish, no socket is closed)
     or bring it back."""
     _ip(net.link_command(node, up, which))
+
+
+def set_route(net: HostNetwork, node: str, peer: str, blocked: bool, which: str = "mgmt") -> None:
+    """Cut what `node` sends to `peer` on bridge `which`, or mend it (mending an intact route is no error)."""
+    _ip(net.route_command(node, peer, blocked, which), check=blocked)
