@@ -25,16 +25,19 @@ ChaosKind = Literal[
     "preempt_satellite",  # a satellite job is preempted by a higher-priority job
     "partition",  # a node's link down for longer than a lease: evicted by silence, back when the link is
     "link_flap",  # a node's link down for less than a lease: a pause, nobody leaves
+    "one_way_cut",  # what a node sends to one peer vanishes (both still reach the coordinator): one side goes
 ]
 LOCAL_KINDS: tuple[ChaosKind, ...] = (
     "worker_kill", "node_loss", "hang", "join", "drain", "recovery_fault", "transfer_fault",
 )  # fmt: skip
 SLURM_KINDS: tuple[ChaosKind, ...] = (
     "worker_kill", "node_loss", "hang", "recovery_fault", "transfer_fault", "shrink", "reclaim",
-    "preempt_satellite", "drain", "partition", "link_flap",
+    "preempt_satellite", "drain", "partition", "link_flap", "one_way_cut",
 )  # fmt: skip
-LINK_KINDS: tuple[ChaosKind, ...] = ("partition", "link_flap")  # need nodes as separate hosts
-ABRUPT: tuple[ChaosKind, ...] = ("worker_kill", "node_loss", "hang", "shrink", "partition")  # each starts a recovery
+LINK_KINDS: tuple[ChaosKind, ...] = ("partition", "link_flap", "one_way_cut")  # need nodes as separate hosts
+ABRUPT: tuple[ChaosKind, ...] = (  # each starts a recovery
+    "worker_kill", "node_loss", "hang", "shrink", "partition", "one_way_cut",
+)  # fmt: skip
 STEP_PHASES = ("forward", "backward", "bucket", "allreduce", "optimizer", "commit")
 
 
@@ -45,6 +48,7 @@ class ChaosFault:
     node: str | None  # the node it hits; None for a join (the launcher names the newcomer) or a reclaim that
     # gives back whichever satellite `slurm-elastic reclaim` chooses
     phase: str | None = None  # for a worker kill or hang: where in the step
+    peer: str | None = None  # for a one-way cut: the node whose packets from `node` vanish
 
 
 def plan_chaos(
@@ -134,6 +138,8 @@ def plan_slurm_chaos(
             "shrink": shrinkable, "reclaim": bool(satellites) or shrinkable,
             "preempt_satellite": bool(satellites), "drain": bool(satellites),
             "partition": bool(targets), "link_flap": bool(targets),
+            # Between two nodes that are not the batch host, the coordinator's: both keep their way to it.
+            "one_way_cut": len(targets) >= 2,
         }  # fmt: skip
         choices = [k for k in kinds if feasible.get(k, False)]
         if armed is not None and armed.kind == "recovery_fault":
@@ -152,7 +158,8 @@ def plan_slurm_chaos(
         else:
             node = rng.choice(targets)
         phase = rng.choice(STEP_PHASES) if kind in ("worker_kill", "hang") else None
-        fault = ChaosFault(step, kind, node, phase)
+        peer = rng.choice([n for n in targets if n != node]) if kind == "one_way_cut" else None
+        fault = ChaosFault(step, kind, node, phase, peer)
         plan.append(fault)
         armed = fault if kind in ("recovery_fault", "transfer_fault") else None
         step += rng.randint(*spacing)

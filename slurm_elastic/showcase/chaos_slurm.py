@@ -64,6 +64,7 @@ def _settings(root: Path, reduce_dtype: str) -> dict[str, str]:
         "SLURM_ELASTIC_HEARTBEAT_INTERVAL_S": "0.5",
         "SLURM_ELASTIC_LEASE_TIMEOUT_S": str(LEASE_S),
         "SLURM_ELASTIC_HANG_TIMEOUT_S": "5",
+        "SLURM_ELASTIC_PG_TIMEOUT_S": "10",  # how long a one-way cut stays unseen (a collective's timeout)
         "SLURM_ELASTIC_PROGRESS_INTERVAL_S": "0.5",
         "SLURM_ELASTIC_RECORD_COMMITS": "true",  # one event per committed step: where the job is, exactly
         "SLURM_ELASTIC_NODE_WATCH_INTERVAL_S": "1",
@@ -236,7 +237,7 @@ class _Runner:
         job.wait(f"step {fault.step}", lambda: job.last_step() >= fault.step)
         node = fault.node
         self.log(f"chaos: step {fault.step}: {fault.kind} of {node or 'a satellite'}" + (
-            f" in {fault.phase}" if fault.phase else ""))  # fmt: skip
+            f" in {fault.phase}" if fault.phase else "") + (f" to {fault.peer}" if fault.peer else ""))  # fmt: skip
         if fault.kind == "link_flap":
             self._flap(node or "", since)
             self.hit.append(node)
@@ -269,6 +270,8 @@ class _Runner:
             job.cluster.restart_node(node or "")
         elif fault.kind == "partition":
             job.cluster.set_link(node or "", up=True)  # its old agent withdraws; a new one rejoins
+        elif fault.kind == "one_way_cut":
+            job.cluster.set_route(fault.node or "", fault.peer or "", blocked=False)  # the evicted side rejoins
         elif fault.kind == "drain":
             job.wait(f"{node} drained", lambda: job.cluster.node_states().get(node or "") == "drained", 120)
             job.backend.set_node_state(node or "", "RESUME", "")
@@ -305,6 +308,8 @@ class _Runner:
             job.cluster.kill_node(node or "")
         elif fault.kind == "partition":
             job.cluster.set_link(node or "", up=False)  # up again once it has left (apply)
+        elif fault.kind == "one_way_cut":
+            job.cluster.set_route(node or "", fault.peer or "", blocked=True)  # mended once one side left
         elif fault.kind == "shrink":
             job.backend.resize_job(job.job_id, num_nodes=len(job.backend.job(job.job_id).nodes) - 1)
         elif fault.kind == "reclaim":
@@ -315,12 +320,16 @@ class _Runner:
             job.others.append(out.strip().split(";")[0])
         elif fault.kind == "drain":
             job.backend.set_node_state(node or "", "DRAIN", "chaos")
+        if fault.kind == "one_way_cut":  # found by the next step's collective: the job must step into it
+            job.wait_stepping("a side of the one-way cut to leave", lambda: bool(self._left(since, None)))
         if fault.kind in ("reclaim", "preempt_satellite", "drain"):
             # These leave at a step boundary: once Slurm or the operator asked, the job crosses one.
             job.wait(f"a drain after the {fault.kind}", lambda: job.drained_since(since, node))
             job.wait_stepping(
                 f"{node or 'a node'} to leave after its {fault.kind}", lambda: bool(self._left(since, node))
             )
+        if fault.kind == "one_way_cut":
+            node = None  # either side of the cut may go (decide.reachability chooses)
         if fault.kind in ("shrink", "reclaim"):
             node = None  # Slurm and `reclaim` choose which node goes; the plan expects its core's last
         job.wait(f"{node or 'a node'} to leave after its {fault.kind}", lambda: bool(self._left(since, node)))
@@ -395,6 +404,9 @@ def _run(
         if cluster.net is not None:
             for node in cluster.nodes:  # a run stopped mid-partition leaves no node cut off
                 cluster.set_link(node, up=True)
+                for peer in cluster.nodes:
+                    if peer != node:
+                        cluster.set_route(node, peer, blocked=False)
         cluster.slurm("scancel", job.job_id, *job.satellites(), *job.others, check=False)
         cluster.recover_nodes()
         cluster.wait_nodes(cluster.nodes, want_idle=True, timeout_s=180)

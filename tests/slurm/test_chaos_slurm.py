@@ -1,6 +1,6 @@
-"""`slurm-elastic chaos --slurm`, short: a shrink, a node's link down for under a lease, an admin's drain of
-a satellite's node, a node's death and a node's link down past a lease, on the real local cluster of
-separate hosts; the job ends with the uninterrupted run's model, every sample once."""
+"""`slurm-elastic chaos --slurm`, short: a node's link down past a lease, a node's death, a link down for
+under a lease, a shrink, a one-way cut between two nodes and an admin's drain of a satellite's node, on the
+real local cluster of separate hosts; the job ends with the uninterrupted run's model, every sample once."""
 
 from __future__ import annotations
 
@@ -16,13 +16,20 @@ pytestmark = pytest.mark.timeout(600)
 
 
 def test_a_short_chaos_run_on_slurm_ends_with_the_reference_model(hosts: LocalCluster) -> None:
-    cmd = [sys.executable, "-m", "slurm_elastic", "chaos", "--slurm", "--seed", "2737", "--faults", "5", "--json"]
+    cmd = [sys.executable, "-m", "slurm_elastic", "chaos", "--slurm", "--seed", "996", "--faults", "6", "--json"]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=580)
     assert done.returncode == 0, done.stderr[-20000:]
     summary = json.loads(done.stdout)
-    assert [f["kind"] for f in summary["faults"]] == ["shrink", "link_flap", "drain", "node_loss", "partition"]
+    assert [f["kind"] for f in summary["faults"]] == [
+        "partition",
+        "node_loss",
+        "link_flap",
+        "shrink",
+        "one_way_cut",
+        "drain",
+    ]
     assert all(f["fired"] for f in summary["faults"]), summary["faults"]
-    assert summary["joins"] >= 4  # every fault but the flap was refilled: an agent started again or a satellite
+    assert summary["joins"] >= 5  # every fault but the flap was refilled: an agent started again or a satellite
     assert (summary["lost_committed_steps"], summary["duplicate_samples"], summary["skipped_samples"]) == (0, 0, 0)
     assert summary["max_param_rel_diff"] <= summary["tolerance"] == 1e-6
     assert summary["ok"] and summary["steps"] == summary["faults"][-1]["step"] + 20
