@@ -3,6 +3,7 @@
 Its parts: `connections` (the door: listening, the secret proven both ways, peers handed on by role),
 `driver` (the reducer's driver: events in, messages and job events out), `ticker` (pulses, leases, hangs),
 `record` (what other threads and tools read: the public view, commits, progress, recovery times),
+`reachability` (probe rounds after a collective fault: cuts between nodes that still reach it),
 `scripts` (what workers report of their scripts), the rendezvous store (served to "store" connections).
 This module serves the peers' connections and turns what they send into the driver's events. All state
 changes happen on one asyncio loop; `CoordinatorThread` runs that loop beside the launcher.

@@ -1,6 +1,7 @@
 """The coordinator's clock. Every TICK_S it makes up for its own stalls (a stopped process must not count
-against its peers), sends every peer the pulse that is the coordinator's lease, lets the reducer see time
-pass, and every LIVENESS_S judges the peers' leases and hangs (decide.health) and evicts whom they condemn.
+against its peers), sends every peer the pulse that is the coordinator's lease, lets the reducer and the
+probe rounds (reachability) see time pass, and every LIVENESS_S judges the peers' leases and hangs
+(decide.health) and evicts whom they condemn.
 Runs on the coordinator's loop only.
 """
 
