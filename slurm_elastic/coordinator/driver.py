@@ -74,6 +74,7 @@ class Driver:
         self._cancelled = False  # stopped by the person who started it: what follows is not the job's doing
         self._run_offset = 0  # checkpoint fallbacks so far: each starts a new run of the ledger
         self._losses: dict[str, str] = {}  # workers lost in this turn of the loop, and why (see lost)
+        self.requeue_after_failure = False  # the job failed on this side of a split: resume it elsewhere
 
     def settings(self) -> msg.WorkerSettings:
         """What a registering worker is told."""

@@ -15,7 +15,8 @@ from slurm_elastic.coordinator.driver import Driver, send
 from slurm_elastic.coordinator.peers import Peer
 from slurm_elastic.coordinator.reachability import Reachability
 from slurm_elastic.decide import membership as m
-from slurm_elastic.decide.health import Liveness, find_unresponsive, stalled_for
+from slurm_elastic.decide import quorum
+from slurm_elastic.decide.health import Liveness, Verdict, find_unresponsive, stalled_for
 from slurm_elastic.events import EventLog
 from slurm_elastic.eventtypes import ControlLoopFailed, CoordinatorPaused, HangEvicted, NodeUnresponsive
 from slurm_elastic.wire import messages as msg
@@ -31,6 +32,7 @@ class Ticker:
         self.workers, self.agents = driver.workers, driver.agents
         self._last_tick = self._last_pulse = self._last_scan = time.monotonic()
         self._last_tick_cpu = 0.0  # the loop thread's CPU time at the last tick (set on the loop's thread)
+        self._silence: quorum.SilenceWindow | None = None  # nodes fallen silent within the last lease
 
     async def run(self) -> None:
         self._last_tick_cpu = time.thread_time()
@@ -75,7 +77,12 @@ class Ticker:
     def _evict_unresponsive(self, now: float) -> None:
         agents, members = self.suspects(now)
         lease, hang = self.config.lease_timeout_s, self.config.hang_timeout_s
-        for verdict in find_unresponsive(now, agents, lease_timeout_s=lease, hang_timeout_s=hang):
+        silent = find_unresponsive(now, agents, lease_timeout_s=lease, hang_timeout_s=hang)
+        self._silence = quorum.observe(self._silence, now, set(self.agents), {v.worker_id for v in silent}, lease)
+        if silent and quorum.lost(self._silence):
+            self._stop_without_majority(silent)
+            return
+        for verdict in silent:
             node = verdict.worker_id
             self.events.record(NodeUnresponsive(node, verdict.reason))
             agent = self.agents.pop(node)
@@ -94,6 +101,23 @@ class Ticker:
                 self.driver.record.silence_evicted(peer.last_seen)
             send(self.agents.get(peer.node), msg.KillWorker(worker_id=verdict.worker_id, reason=verdict.reason))
             self.driver.lose(verdict.worker_id, f"{verdict.cause}: {verdict.reason}")
+
+    def _stop_without_majority(self, silent: tuple[Verdict, ...]) -> None:
+        """Silence took half the nodes or more at once (decide.quorum): stop this side without a new
+        generation, so nothing more is committed or written here; the launcher requeues the job if Slurm
+        still answers it (else the other side's agents do)."""
+        window = self._silence
+        assert window is not None
+        for verdict in silent:
+            self.events.record(NodeUnresponsive(verdict.worker_id, verdict.reason))
+        names = ", ".join(sorted(window.silent))
+        reason = (
+            f"{len(window.silent)} of {len(window.nodes)} nodes fell silent within a lease ({names}): this side "
+            "has no majority of the job (the batch host cut off from the others?); it stops without writing "
+            "anything, and the job is requeued to resume from its latest checkpoint"
+        )
+        self.driver.requeue_after_failure = True
+        self.driver.fail(reason)
 
     def suspects(self, now: float) -> tuple[list[Liveness], list[Liveness]]:
         """The agents and members that may be silent or hung, as `find_unresponsive` needs them (with every
