@@ -56,14 +56,17 @@ def slurm_cluster() -> Iterator[LocalCluster]:
 
 @pytest.fixture
 def elastic_jobs(slurm_cluster: LocalCluster) -> Iterator[list[ElasticSlurmJob]]:
-    """The elastic jobs a test submits (it appends them): cancelled at its end, and any node it killed
-    brought back."""
+    """The elastic jobs a test submits (it appends them): cancelled at its end, and any node it killed or
+    cut off brought back."""
     started: list[ElasticSlurmJob] = []
     yield started
     for job in started:
         job.cancel()
     for node in slurm_cluster.nodes:
         if slurm_cluster.node_states().get(node, "").startswith("down"):
+            # Killed, or cut off long enough for slurmctld to mark it down: a node rebooted, as an admin would
+            # (slurmctld asks a down node again only every few minutes; a fresh slurmd registers at once).
+            slurm_cluster.kill_node(node)
             slurm_cluster.restart_node(node)
     slurm_cluster.wait_nodes(slurm_cluster.nodes, want_idle=True, timeout_s=120)
 

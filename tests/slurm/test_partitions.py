@@ -1,5 +1,6 @@
 """Partitions as faults: a node's management link cut (its packets vanish, no socket closes) for less
-than a lease, and for longer; and a one-way cut between two workers that both still reach the coordinator.
+than a lease, and for longer; a one-way cut between two workers that both still reach the coordinator;
+and the batch host cut off from every other node (and from slurmctld).
 The job's settings here: heartbeat 0.5 s, lease 5 s (elastic_jobs.job_env)."""
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ import pytest
 
 from slurm_elastic.coordinator.reachability import PROBE_TIMEOUT_S, RECHECK_S
 from slurm_elastic.eventtypes import (
+    GenerationReady,
     HangEvicted,
+    JobFailed,
     MembershipChange,
     NodeLost,
     NodeReadmitted,
@@ -129,4 +132,36 @@ def test_a_one_way_cut_between_two_workers_evicts_one_until_the_route_is_back(
     assert started.restart_count == 0
     job.wait_finished()
     job.assert_same_training(reference_model(tmp_path.parent, 300))
+    assert job.ledger().steps_committed_twice == 0
+
+
+def test_the_batch_host_cut_off_stops_its_side_without_writing_and_the_job_resumes_elsewhere(
+    hosts: LocalCluster,
+    elastic_jobs: list[ElasticSlurmJob],
+    tmp_path: Path,
+) -> None:
+    job = submit_core(tmp_path / "split", nodes="3", steps=80, pause=0.3)
+    elastic_jobs.append(job)
+    job.wait_step(14)  # past the periodic checkpoint of step 10
+    batch = job.info().batch_host
+    assert batch is not None
+    hosts.set_link(batch, up=False)  # the coordinator's side: one node of three, and no way to slurmctld
+    try:
+        job.wait("the batch host's side to stop", lambda: bool(job.of(JobFailed)), timeout=60)
+        (stopped,) = job.of(JobFailed)
+        assert "2 of 3 nodes fell silent" in stopped.reason and "no majority" in stopped.reason, stopped
+        # The others found the coordinator silent and requeued the job; it runs again without the batch
+        # host (which Slurm marks down) while that is still cut off: at most one side trains at a time.
+        job.wait("the job to resume elsewhere", lambda: len(job.of(SlurmJobStarted)) >= 2, timeout=240)
+    finally:
+        hosts.set_link(batch, up=True)
+    restart = job.of(SlurmJobStarted)[1]
+    assert restart.restart_count >= 1 and batch not in restart.nodes, restart
+    first_run = [e for e in job.of(MembershipChange) if e.time < restart.time]
+    assert [e.world for e in first_run] == [3], "the cut-off side formed no generation of its own"
+    job.wait("the resumed job's first generation", lambda: any(e.time > restart.time for e in job.of(GenerationReady)))
+    resumed = next(e for e in job.of(GenerationReady) if e.time > restart.time)
+    assert resumed.resume_step >= 10  # from its periodic checkpoint, written before the cut
+    job.wait_finished(timeout=400)
+    job.assert_same_training(reference_model(tmp_path.parent, 80))
     assert job.ledger().steps_committed_twice == 0
