@@ -17,7 +17,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 from slurm_elastic.agentspec import (
     DRAIN_GRACE_S,
@@ -60,10 +60,14 @@ from slurm_elastic.wire.messages import (
     WorkerExited,
 )
 
+if TYPE_CHECKING:
+    from slurm_elastic.slurm import SlurmBackend
+
 log = get_logger("slurm_elastic.agent")
 MAX_STDERR_TAIL = 4000  # characters of a worker's last stderr output, reported when it ends
 REQUEUE_TRY_S = 120.0  # how long an agent that lost the coordinator tries to reach Slurm to requeue the job
 PROBE_S = 10.0  # how long it then tries the coordinator, which would mean this node alone was cut off
+BATCH_HOST_WATCH_S = 600.0  # how long it waits for Slurm to find the batch host unresponsive too (SlurmdTimeout)
 
 
 class StderrTail:
@@ -458,10 +462,11 @@ class Agent:
         keep the job running without its batch script, so the surviving agents requeue it; it then resumes
         from its last disaster-recovery checkpoint.
 
-        Unless it was this node that was cut off: then the coordinator answers again, and the job goes on
-        without this node (the launcher starts a new agent here once the node is back). The coordinator is
-        asked only once Slurm answers, a moment before the requeue: a node cut off from both must not
-        requeue a healthy job with a request that waited out the cut."""
+        Unless it was this node that was cut off (phase.requeue_verdict): from the coordinator, which then
+        answers again (the job goes on without this node, and the launcher starts a new agent here once the
+        node is back), or from the batch host alone, which Slurm then still finds responding. Slurm is asked
+        first, until it answers: a node cut off from both must not requeue a healthy job with a request that
+        waited out the cut."""
         job = self.config.slurm_job_id
         if not job:
             return
@@ -479,15 +484,35 @@ class Agent:
                     log.error("requeue_impossible", node=node, slurm_job=job, detail=str(exc))
                     return
                 time.sleep(1.0)
-        # A few tries: a link that has just come back may refuse the first connections (neighbours unknown).
-        if holds_within(lambda: answers(self.config.coordinator), timeout=PROBE_S, poll=0.5):
-            log.warning("requeue_withheld", node=node, slurm_job=job, reason="the coordinator answers: cut off here")
+        deadline = time.monotonic() + BATCH_HOST_WATCH_S
+        while (verdict := self._requeue_verdict(backend, job)) is None:
+            if time.monotonic() >= deadline:
+                why = f"Slurm still finds the batch host responding after {BATCH_HOST_WATCH_S:g} s: cut off here"
+                verdict = phase.RequeueVerdict(False, why)
+                break
+            time.sleep(2.0)
+        if not verdict.requeue:
+            log.warning("requeue_withheld", node=node, slurm_job=job, reason=verdict.why)
             return
         try:
             backend.requeue(job)
-            log.warning("job_requeued_after_coordinator_loss", slurm_job=job, node=node)
+            log.warning("job_requeued_after_coordinator_loss", slurm_job=job, node=node, reason=verdict.why)
         except SlurmError as exc:  # another agent was first, or the job is ending anyway
             log.info("requeue_not_needed", slurm_job=job, detail=str(exc))
+
+    def _requeue_verdict(self, backend: SlurmBackend, job: str) -> phase.RequeueVerdict | None:
+        from slurm_elastic.errors import SlurmError
+
+        # A few tries: a link that has just come back may refuse the first connections (neighbours unknown).
+        answers_now = holds_within(lambda: answers(self.config.coordinator), timeout=PROBE_S, poll=0.5)
+        try:
+            info = backend.job(job)
+            running = info.state == "RUNNING" and "COMPLETING" not in info.flags
+            batch = backend.nodes(info.batch_host) if info.batch_host else []
+        except SlurmError:
+            return None  # Slurm out of reach for now: ask again
+        down = batch[0].down if batch else None
+        return phase.requeue_verdict(coordinator_answers=answers_now, job_running=running, batch_host_down=down)
 
     def _terminate_workers(self, grace_s: float = 10.0) -> None:
         deadline = time.monotonic() + grace_s

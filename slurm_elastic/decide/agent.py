@@ -199,3 +199,25 @@ def requeues_job(state: AgentState, requeue_on_coordinator_loss: bool) -> bool:
     """A core job's agents requeue the Slurm job when its coordinator (on the batch host) vanished: under
     `--no-kill` Slurm would keep the job running without its batch script."""
     return requeue_on_coordinator_loss and state.phase == AgentPhase.COORDINATOR_LOST
+
+
+@dataclass(frozen=True)
+class RequeueVerdict:
+    requeue: bool
+    why: str
+
+
+def requeue_verdict(
+    *, coordinator_answers: bool, job_running: bool, batch_host_down: bool | None
+) -> RequeueVerdict | None:
+    """What an agent that lost its coordinator does now (None: ask again later). Silence alone cannot tell a
+    dead batch host from one that only this node cannot reach, so Slurm decides: its controller reaches the
+    batch host by another path. While Slurm still finds the batch host responding, this node is the one
+    cut off (the coordinator evicts it and the job goes on); a requeue then would restart a healthy job."""
+    if coordinator_answers:
+        return RequeueVerdict(False, "the coordinator answers: this node was cut off")
+    if not job_running:
+        return RequeueVerdict(False, "Slurm is already ending or requeueing the job")
+    if batch_host_down:
+        return RequeueVerdict(True, "Slurm finds the batch host unresponsive too")
+    return None

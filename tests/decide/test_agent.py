@@ -8,6 +8,7 @@ does not wait for Slurm to end its task (it exits failed at once)."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from itertools import product
 
@@ -27,6 +28,7 @@ from slurm_elastic.decide.agent import (
     CoordinatorGone,
     DrainAsked,
     HoldAsked,
+    RequeueVerdict,
     Signalled,
     StopReceived,
     WorkerFailed,
@@ -36,6 +38,7 @@ from slurm_elastic.decide.agent import (
     heartbeats,
     holds_for_slurm,
     reports,
+    requeue_verdict,
     requeues_job,
     step,
     stopping,
@@ -245,3 +248,18 @@ def test_any_sequence_of_events_gives_the_verdicts_of_the_old_flags(events: list
         assert drains_reported == flags.drains_reported
     if state.phase == AgentPhase.FINISHED_BADLY:
         assert list(state.failed_after_end) == flags.failed_after_end
+
+
+def test_an_agent_requeues_only_once_slurm_finds_the_batch_host_gone_too() -> None:
+    verdict = functools.partial(requeue_verdict, job_running=True)
+    assert verdict(coordinator_answers=False, batch_host_down=True) == RequeueVerdict(
+        True, "Slurm finds the batch host unresponsive too"
+    )
+    # Slurm still reaches the batch host (or cannot say yet): only this node lost it; ask again later.
+    assert verdict(coordinator_answers=False, batch_host_down=False) is None
+    assert verdict(coordinator_answers=False, batch_host_down=None) is None
+    for down in (True, False, None):  # the coordinator answers: this node alone was cut off
+        answered = verdict(coordinator_answers=True, batch_host_down=down)
+        assert answered is not None and not answered.requeue and "cut off" in answered.why
+        ending = requeue_verdict(coordinator_answers=False, job_running=False, batch_host_down=down)
+        assert ending is not None and not ending.requeue  # Slurm is ending or requeueing it already
