@@ -1,6 +1,6 @@
 """Partitions as faults: a node's management link cut (its packets vanish, no socket closes) for less
-than a lease, and for longer; a one-way cut between two workers that both still reach the coordinator;
-and the batch host cut off from every other node (and from slurmctld).
+than a lease, and for longer; a node cut off from the batch host alone; a one-way cut between two workers
+that both still reach the coordinator; and the batch host cut off from every other node (and slurmctld).
 The job's settings here: heartbeat 0.5 s, lease 5 s (elastic_jobs.job_env)."""
 
 from __future__ import annotations
@@ -93,6 +93,37 @@ def test_a_link_down_for_longer_evicts_the_node_which_rejoins_as_a_new_member(
     job.wait_finished()
     # Fenced: the stale workers committed nothing, wrote no ledger entry: every sample once, no step twice.
     job.assert_same_training(reference_model(tmp_path.parent, 150))
+    assert job.ledger().steps_committed_twice == 0
+
+
+def test_a_node_cut_off_from_the_batch_host_alone_is_evicted_and_never_requeues_the_job(
+    hosts: LocalCluster,
+    elastic_jobs: list[ElasticSlurmJob],
+    tmp_path: Path,
+) -> None:
+    job = submit_core(tmp_path / "lonely", nodes="3", steps=300, pause=0.3)
+    elastic_jobs.append(job)
+    job.wait_step(6)
+    info = job.info()
+    victim = _victim(job)
+    assert info.batch_host is not None
+    hosts.set_route(victim, info.batch_host, blocked=True)  # it still reaches slurmctld and the other node
+    try:
+        job.wait("the survivors to go on without the node", lambda: job.worlds()[-1:] == [2], timeout=60)
+        # Its agent finds the coordinator silent (a lease), asks it in vain (10 s), then finds Slurm still
+        # reaching the batch host: it waits, and requeues nothing. (Not much longer: the launcher gives up
+        # on a node after three agents in a row fail to start there, 15 s apart.)
+        time.sleep(LEASE_S + 15)
+        assert "job_requeued_after_coordinator_loss" not in job.output()
+    finally:
+        hosts.set_route(victim, info.batch_host, blocked=False)
+    job.wait("its agent to withhold the requeue", lambda: "requeue_withheld" in job.output(), timeout=60)
+    job.wait("the node to rejoin", lambda: job.worlds()[-1:] == [3], timeout=120)
+    (started,) = job.of(SlurmJobStarted)
+    assert started.restart_count == 0, "a healthy job was requeued"
+    assert "job_requeued_after_coordinator_loss" not in job.output()
+    job.wait_finished()
+    job.assert_same_training(reference_model(tmp_path.parent, 300))
     assert job.ledger().steps_committed_twice == 0
 
 
