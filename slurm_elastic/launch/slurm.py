@@ -106,7 +106,6 @@ class SlurmLaunch:
         self._steps: dict[str, tuple[subprocess.Popen[bytes], int]] = {}
         self._retired: list[subprocess.Popen[bytes]] = []  # sruns of agents that are gone, being ended
         self._user: str | None = None  # the job's user, as Slurm names it
-        self.run = 0  # the job's restart count when this launcher started
 
     def live_nodes(self) -> tuple[list[str], int]:
         """The job's nodes as Slurm sees them now, and its number of heterogeneous components (1: none)."""
@@ -119,7 +118,6 @@ class SlurmLaunch:
     def start(self) -> None:
         cfg = self.config
         info = self.backend.job(self.slurm_job)
-        self.run = info.restart_count
         nodes, components = self.live_nodes()
         host = _advertised_host(cfg)
         self._user = info.user or user_name()
@@ -347,13 +345,14 @@ class SlurmLaunch:
                 if not job.is_finished:
                     self.backend.cancel(job.job_id)
         baseline = phase == "failed" and self.config.recovery == "requeue"
-        split = self.coordinator is not None and self.coordinator.coordinator.driver.requeue_after_failure
+        coord = self.coordinator.coordinator if self.coordinator is not None else None
+        split = coord is not None and coord.driver.requeue_after_failure
         if (phase == "suspended" or baseline or split) and self.config.requeue:
             with contextlib.suppress(SlurmError):  # Slurm out of reach (this side was cut off): the others requeue
                 info = self.backend.job(self.slurm_job)
                 if slurm_is_ending(info):
                     log.info("job_not_requeued", slurm_job=self.slurm_job, state=info.state)
-                elif info.restart_count != self.run:  # the other side of a split requeued it already
+                elif coord is not None and info.restart_count != coord.config.run:  # the other side requeued it
                     log.info("job_not_requeued", slurm_job=self.slurm_job, restarted=info.restart_count)
                 else:
                     self.backend.requeue(self.slurm_job)

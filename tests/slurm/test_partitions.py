@@ -32,6 +32,13 @@ pytestmark = pytest.mark.timeout(420)
 LEASE_S = 5.0
 
 
+def _ends_as_the_uninterrupted_run(job: ElasticSlurmJob, tmp_path: Path, steps: int, timeout: float = 300.0) -> None:
+    """The job finishes with the reference model, every sample once and no step committed twice."""
+    job.wait_finished(timeout=timeout)
+    job.assert_same_training(reference_model(tmp_path.parent, steps))
+    assert job.ledger().steps_committed_twice == 0
+
+
 def _victim(job: ElasticSlurmJob) -> str:
     """A node that is not the batch host (whose cut is the coordinator's own: another case)."""
     info = job.info()
@@ -90,10 +97,8 @@ def test_a_link_down_for_longer_evicts_the_node_which_rejoins_as_a_new_member(
     # a wide margin for this machine's noise (docs/admin-guide.md states the bound and its settings).
     assert LEASE_S < recovered[0].silent_to_commit_s < 4 * LEASE_S, recovered[0]
     assert [e.node for e in job.of(NodeRegistered)].count(victim) == 2  # it came back as a new agent
-    job.wait_finished()
     # Fenced: the stale workers committed nothing, wrote no ledger entry: every sample once, no step twice.
-    job.assert_same_training(reference_model(tmp_path.parent, 150))
-    assert job.ledger().steps_committed_twice == 0
+    _ends_as_the_uninterrupted_run(job, tmp_path, 150)
 
 
 def test_a_node_cut_off_from_the_batch_host_alone_is_evicted_and_never_requeues_the_job(
@@ -122,9 +127,7 @@ def test_a_node_cut_off_from_the_batch_host_alone_is_evicted_and_never_requeues_
     (started,) = job.of(SlurmJobStarted)
     assert started.restart_count == 0, "a healthy job was requeued"
     assert "job_requeued_after_coordinator_loss" not in job.output()
-    job.wait_finished()
-    job.assert_same_training(reference_model(tmp_path.parent, 300))
-    assert job.ledger().steps_committed_twice == 0
+    _ends_as_the_uninterrupted_run(job, tmp_path, 300)
 
 
 def test_a_one_way_cut_between_two_workers_evicts_one_until_the_route_is_back(
@@ -161,9 +164,7 @@ def test_a_one_way_cut_between_two_workers_evicts_one_until_the_route_is_back(
     assert pg_timeout < recovered[0].silent_to_commit_s < 3 * pg_timeout, recovered[0]
     (started,) = job.of(SlurmJobStarted)
     assert started.restart_count == 0
-    job.wait_finished()
-    job.assert_same_training(reference_model(tmp_path.parent, 300))
-    assert job.ledger().steps_committed_twice == 0
+    _ends_as_the_uninterrupted_run(job, tmp_path, 300)
 
 
 def test_the_batch_host_cut_off_stops_its_side_without_writing_and_the_job_resumes_elsewhere(
@@ -193,6 +194,4 @@ def test_the_batch_host_cut_off_stops_its_side_without_writing_and_the_job_resum
     job.wait("the resumed job's first generation", lambda: any(e.time > restart.time for e in job.of(GenerationReady)))
     resumed = next(e for e in job.of(GenerationReady) if e.time > restart.time)
     assert resumed.resume_step >= 10  # from its periodic checkpoint, written before the cut
-    job.wait_finished(timeout=400)
-    job.assert_same_training(reference_model(tmp_path.parent, 80))
-    assert job.ledger().steps_committed_twice == 0
+    _ends_as_the_uninterrupted_run(job, tmp_path, 80, timeout=400)
