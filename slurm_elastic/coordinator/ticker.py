@@ -79,9 +79,13 @@ class Ticker:
         lease, hang = self.config.lease_timeout_s, self.config.hang_timeout_s
         silent = find_unresponsive(now, agents, lease_timeout_s=lease, hang_timeout_s=hang)
         self._silence = quorum.observe(self._silence, now, set(self.agents), {v.worker_id for v in silent}, lease)
-        if silent and quorum.lost(self._silence):
-            self._stop_without_majority(silent)
-            return
+        quiet = self._quiet_nodes(now) - {v.worker_id for v in silent}
+        match quorum.verdict(self._silence, set(self.agents), quiet):
+            case "stop":
+                self._stop_without_majority(silent)
+                return
+            case "wait":
+                return
         for verdict in silent:
             node = verdict.worker_id
             self.events.record(NodeUnresponsive(node, verdict.reason))
@@ -94,13 +98,21 @@ class Ticker:
                 self.driver.lose(w, f"node {node} unresponsive")
         for verdict in find_unresponsive(now, members, lease_timeout_s=lease, hang_timeout_s=hang):
             peer = self.workers.get(verdict.worker_id)
-            if peer is None:
-                continue
+            if peer is None or (verdict.cause == "lease" and peer.node in quiet):
+                continue  # a quiet node's workers go with it, or stay with it, once its agent is judged
             self.events.record(HangEvicted(verdict.worker_id, verdict.cause, verdict.reason))
             if verdict.cause == "lease":
                 self.driver.record.silence_evicted(peer.last_seen)
             send(self.agents.get(peer.node), msg.KillWorker(worker_id=verdict.worker_id, reason=verdict.reason))
             self.driver.lose(verdict.worker_id, f"{verdict.cause}: {verdict.reason}")
+
+    def _quiet_nodes(self, now: float) -> set[str]:
+        """Nodes near their lease: a worker's heartbeat, or another node of the same cut, may reach its lease
+        up to an interval (and a scan) before this node's agent does."""
+        cfg = self.config
+        margin = min(2 * cfg.heartbeat_interval_s + LIVENESS_S, cfg.lease_timeout_s / 2)
+        cut = now - cfg.lease_timeout_s + margin
+        return {node for node, agent in self.agents.items() if agent.last_seen < cut}
 
     def _stop_without_majority(self, silent: tuple[Verdict, ...]) -> None:
         """Silence took half the nodes or more at once (decide.quorum): stop this side without a new

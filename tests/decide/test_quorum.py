@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from slurm_elastic.decide.quorum import SilenceWindow, lost, observe
+from slurm_elastic.decide.quorum import SilenceWindow, lost, observe, verdict
 
 NODES = frozenset({"n1", "n2", "n3", "n4"})
 LEASE = 5.0
@@ -49,3 +49,27 @@ def test_half_of_two_nodes_is_no_majority_and_a_single_node_is_never_judged() ->
 @given(st.sets(st.sampled_from(sorted(NODES)), min_size=1))
 def test_lost_exactly_when_the_silent_are_at_least_half(silent: set[str]) -> None:
     assert lost(observe(None, 0.0, NODES, silent, LEASE)) == (2 * len(silent) >= len(NODES))
+
+
+def test_a_silent_node_is_evicted_at_once_unless_the_quiet_would_make_half() -> None:
+    window = observe(None, 10.0, NODES, {"n4"}, LEASE)
+    assert verdict(window, NODES - {"n4"}, set()) == "go"
+    assert verdict(window, NODES - {"n4"}, {"n3"}) == "wait"  # n3 may be the same cut, a scan behind
+    window = observe(window, 10.5, NODES - {"n4"}, {"n3"}, LEASE)
+    assert verdict(window, NODES - {"n4"}, set()) == "stop"
+
+
+def test_quiet_nodes_alone_wait_only_when_they_are_half() -> None:
+    assert verdict(None, NODES, {"n4"}) == "go"
+    assert verdict(None, NODES, {"n3", "n4"}) == "wait"
+    assert verdict(None, {"n1"}, {"n1"}) == "go"  # a single node is never judged
+
+
+@given(st.sets(st.sampled_from(sorted(NODES))), st.sets(st.sampled_from(sorted(NODES))))
+def test_the_verdict_stops_exactly_at_half_silent_and_waits_exactly_at_half_silent_or_quiet(
+    silent: set[str], quiet: set[str]
+) -> None:
+    quiet -= silent
+    window = observe(None, 0.0, NODES, silent, LEASE)
+    expected = "stop" if 2 * len(silent) >= 4 else "wait" if quiet and 2 * len(silent | quiet) >= 4 else "go"
+    assert verdict(window, NODES - silent, quiet) == expected
