@@ -30,12 +30,18 @@ typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
 # Everything: static checks, then the whole suite with the local Slurm cluster up (brought down even when
-# a test fails). The Slurm tests fail rather than skip when the cluster is required but unreachable.
+# a test fails). The Slurm tests fail rather than skip when the cluster is required but unreachable. They
+# mostly wait (on Slurm, on paced jobs), so they run beside the rest, each half in a directory of its own;
+# the Slurm half's output follows the other's, and the suite fails if either half does.
+SUITE := SLURM_ELASTIC_REQUIRE_SLURM=1 $(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 test: lint typecheck
 	$(CLUSTER) up
-	set -o pipefail; rc=0; \
-	  SLURM_ELASTIC_REQUIRE_SLURM=1 $(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS) || rc=$$?; \
-	  $(CLUSTER) down || true; exit $$rc
+	rc=0; base=$$(mktemp -d /tmp/slurm-elastic-test.XXXXXX); \
+	  $(SUITE) --basetemp="$$base/slurm" tests/slurm > "$$base/slurm.log" 2>&1 & slurm=$$!; \
+	  $(SUITE) --basetemp="$$base/rest" --ignore=tests/slurm || rc=$$?; \
+	  wait $$slurm || rc=$$((rc ? rc : $$?)); \
+	  echo "--- the Slurm tests:"; cat "$$base/slurm.log"; \
+	  $(CLUSTER) down || true; [ $$rc -ne 0 ] || rm -rf "$$base"; exit $$rc
 
 # Every benchmark, one after another on this machine (about an hour on 2 cores), each writing its JSON into
 # docs/bench/ (a file is replaced only by a run that succeeded), then docs/benchmarks.md and its plots.
