@@ -26,15 +26,18 @@ ChaosKind = Literal[
     "partition",  # a node's link down for longer than a lease: evicted by silence, back when the link is
     "link_flap",  # a node's link down for less than a lease: a pause, nobody leaves
     "one_way_cut",  # what a node sends to one peer vanishes (both still reach the coordinator): one side goes
+    "batch_host_cut",  # the batch host's link down: its side stops, the others requeue; resumed from disk
 ]
 LOCAL_KINDS: tuple[ChaosKind, ...] = (
     "worker_kill", "node_loss", "hang", "join", "drain", "recovery_fault", "transfer_fault",
 )  # fmt: skip
 SLURM_KINDS: tuple[ChaosKind, ...] = (
     "worker_kill", "node_loss", "hang", "recovery_fault", "transfer_fault", "shrink", "reclaim",
-    "preempt_satellite", "drain", "partition", "link_flap", "one_way_cut",
+    "preempt_satellite", "drain", "partition", "link_flap", "one_way_cut", "batch_host_cut",
 )  # fmt: skip
-LINK_KINDS: tuple[ChaosKind, ...] = ("partition", "link_flap", "one_way_cut")  # need nodes as separate hosts
+LINK_KINDS: tuple[ChaosKind, ...] = (  # need nodes as separate hosts
+    "partition", "link_flap", "one_way_cut", "batch_host_cut",
+)  # fmt: skip
 ABRUPT: tuple[ChaosKind, ...] = (  # each starts a recovery
     "worker_kill", "node_loss", "hang", "shrink", "partition", "one_way_cut",
 )  # fmt: skip
@@ -111,10 +114,12 @@ def plan_slurm_chaos(
     After each fault the job is refilled to len(nodes) before the next (the lost node's agent is started
     again, or a satellite takes the node a shrink or a reclaim freed), so the plan follows where the core
     job's allocation ends: a shrink takes its last node, a reclaim a satellite first, then the core's last
-    node (as `scontrol update NumNodes` and `slurm-elastic reclaim` do). The batch host is never hit (its
-    loss is the disaster path: requeue and resume from a checkpoint). Faults inside training processes hit
-    core nodes only, whose environment carries the plan; a recovery fault is followed by a fault that
-    starts a recovery, and neither a recovery nor a transfer fault ends the plan (each needs a successor).
+    node (as `scontrol update NumNodes` and `slurm-elastic reclaim` do). The batch host is hit by a
+    `batch_host_cut` only, and only as the last fault: its loss takes the disaster path (a requeue, then a
+    resume from the checkpoint on an allocation of Slurm's choosing), where the plan's names and pacing no
+    longer hold. Faults inside training processes hit core nodes only, whose environment carries the
+    plan; a recovery fault is followed by a fault that starts a recovery, and neither a recovery nor a
+    transfer fault ends the plan (each needs a successor).
     At most `resizes` faults shrink the core job: without accounting (no slurmdbd, as on the local
     cluster) slurmctld refuses every update of a job after its first resize ("the DB index is being set").
     """
@@ -140,6 +145,7 @@ def plan_slurm_chaos(
             "partition": bool(targets), "link_flap": bool(targets),
             # Between two nodes that are not the batch host, the coordinator's: both keep their way to it.
             "one_way_cut": len(targets) >= 2,
+            "batch_host_cut": last and armed is None,
         }  # fmt: skip
         choices = [k for k in kinds if feasible.get(k, False)]
         if armed is not None and armed.kind == "recovery_fault":
@@ -155,6 +161,8 @@ def plan_slurm_chaos(
             node = None  # whichever satellite `slurm-elastic reclaim` gives back; a new one takes its place
         elif kind in ("preempt_satellite", "drain"):
             node = rng.choice(satellites)
+        elif kind == "batch_host_cut":
+            node = core[0]
         else:
             node = rng.choice(targets)
         phase = rng.choice(STEP_PHASES) if kind in ("worker_kill", "hang") else None

@@ -6,8 +6,10 @@ The job is `elastic_core.sbatch` on every node of the cluster (the first is the 
 hang, a kill while a generation forms or while a joiner receives the state: in the plan the workers read)
 with what Slurm and operators do: a node's sudden death (slurmd, step daemons and tasks at once), a shrink
 (`scontrol update NumNodes`), a reclaim (`slurm-elastic reclaim`), a satellite preempted by a
-higher-priority job, a node drained by an admin, and a node's link cut (for longer than a lease, and for
-less: with nodes as separate hosts). After each fault the job is refilled: the launcher
+higher-priority job, a node drained by an admin, and links cut (a node's, for longer than a lease and for
+less; one way between two nodes; and, as the last fault only, the batch host's, after which the job is
+requeued and resumes from its checkpoint: with nodes as separate hosts). After each fault the job is
+refilled: the launcher
 starts an agent on its node again, or a satellite (`slurm-elastic grow`) takes a node that was freed;
 the job is led from fault to fault (no step past the next fault's starts; `--until-file` of the paced
 example), so that every fault lands at the step the plan names whatever Slurm's delays.
@@ -36,6 +38,7 @@ from slurm_elastic.eventtypes import (
     JobFinished,
     MembershipChange,
     NodeLost,
+    SlurmJobStarted,
     WorkerRegistered,
     of_kind,
 )
@@ -54,6 +57,7 @@ SLURM_PAUSE_S = 2 * PAUSE_S  # paced, so that a node that takes seconds to start
 
 LEASE_S = 5.0
 FLAP_S = 2.0  # a link_flap's cut: under half a lease
+CHECKPOINT_EVERY = 10  # a batch host cut replays at most this many steps from the checkpoint
 
 
 def _settings(root: Path, reduce_dtype: str) -> dict[str, str]:
@@ -66,6 +70,7 @@ def _settings(root: Path, reduce_dtype: str) -> dict[str, str]:
         "SLURM_ELASTIC_HANG_TIMEOUT_S": "5",
         "SLURM_ELASTIC_PG_TIMEOUT_S": "10",  # how long a one-way cut stays unseen (a collective's timeout)
         "SLURM_ELASTIC_PROGRESS_INTERVAL_S": "0.5",
+        "SLURM_ELASTIC_CHECKPOINT_EVERY": str(CHECKPOINT_EVERY),
         "SLURM_ELASTIC_RECORD_COMMITS": "true",  # one event per committed step: where the job is, exactly
         "SLURM_ELASTIC_NODE_WATCH_INTERVAL_S": "1",
         "SLURM_ELASTIC_MAX_RESTARTS": "0",  # a node whose worker died comes back through a new agent
@@ -126,10 +131,14 @@ class _Job(EventsFile):
         """Nodes whose workers left the job (failed, evicted, drained) in membership changes after `since`."""
         return [w.split(":")[0] for e in self.of(MembershipChange) if e.time >= since for w in e.left]
 
+    def ended(self) -> bool:
+        """Finished, or failed in its latest run (a run stopped by a batch host cut is followed by another)."""
+        started = max((e.time for e in self.of(SlurmJobStarted)), default=0.0)
+        return bool(self.of(JobFinished)) or any(e.time >= started for e in self.of(JobFailed))
+
     def wait(self, what: str, predicate: Callable[[], bool], timeout: float = 180.0) -> None:
         def alive_and(predicate: Callable[[], bool]) -> bool:
-            ended = bool(self.of(JobFailed)) or bool(self.of(JobFinished))
-            if ended:
+            if self.ended():
                 raise ElasticError(f"chaos: waiting for {what}: the job ended; output:\n{self.output()[-3000:]}")
             return predicate()
 
@@ -226,6 +235,7 @@ class _Runner:
         self.hit: list[str | None] = []  # the node each fault actually hit
         self.joins: list[str] = []
         self.armed: tuple[int, ChaosFault, float] | None = None  # a recovery or transfer fault, not yet followed
+        self.replayed: list[int] = []  # steps each batch host cut replayed from the checkpoint
 
     def apply(self, fault: ChaosFault) -> None:
         """Lead the job to the fault's step (a fault inside the training strikes in the step after it), carry
@@ -240,6 +250,10 @@ class _Runner:
             f" in {fault.phase}" if fault.phase else "") + (f" to {fault.peer}" if fault.peer else ""))  # fmt: skip
         if fault.kind == "link_flap":
             self._flap(node or "", since)
+            self.hit.append(node)
+            return
+        if fault.kind == "batch_host_cut":
+            self._cut_batch_host(node or "", since)
             self.hit.append(node)
             return
         if fault.kind in ("recovery_fault", "transfer_fault"):
@@ -291,6 +305,33 @@ class _Runner:
         time.sleep(LEASE_S)  # any eviction it caused has happened by now
         if job.left_since(since):
             raise ElasticError(f"chaos: a link down for {FLAP_S} s (under a lease) lost {job.left_since(since)}")
+
+    def _cut_batch_host(self, node: str, since: float) -> None:
+        """The batch host cut off from every other node and from slurmctld: its side must stop without a
+        generation of its own (decide.quorum) while the others requeue the job, which then resumes from its
+        latest checkpoint (the cut node, marked down by Slurm meanwhile, is rebooted to take work again)."""
+        job = self.job
+        held, restarts = job.last_step(), job.backend.job(job.job_id).restart_count
+        job.cluster.set_link(node, up=False)
+        try:  # not job.wait: this run's end is the point
+            EventsFile.wait(job, "the batch host's side to stop", lambda: bool(job.of(JobFailed)), 60)
+            requeued = lambda: job.backend.job(job.job_id).restart_count > restarts  # noqa: E731
+            EventsFile.wait(job, "the other side to requeue the job", requeued, 240)
+        finally:
+            job.cluster.set_link(node, up=True)
+        job.cluster.kill_node(node)
+        job.cluster.restart_node(node)
+        job.allow(None)  # the plan ends here: the resumed run trains to the end
+        EventsFile.wait(job, "the job to run again", lambda: any(e.time >= since for e in job.of(SlurmJobStarted)), 300)
+        restart = next(e for e in job.of(SlurmJobStarted) if e.time >= since)
+        cut_side = [e.world for e in job.of(MembershipChange) if since <= e.time < restart.time]
+        if cut_side:
+            raise ElasticError(f"chaos: the batch host's side formed generations of {cut_side} while cut off")
+        formed = lambda: [e for e in job.of(GenerationReady) if e.time >= restart.time]  # noqa: E731
+        job.wait("the resumed run's first generation", lambda: bool(formed()))
+        resumed = formed()[0]
+        self.replayed.append(held - resumed.resume_step)
+        self.log(f"chaos: requeued onto {', '.join(restart.nodes)}; resumed at step {resumed.resume_step} of {held}")
 
     def _follow(self, index: int, fault: ChaosFault, since: float) -> None:
         """An armed fault strikes in its successor's recovery or in the state transfer to its joiner, maybe
@@ -419,4 +460,8 @@ def _run(
         for f, node, hit in zip(plan, runner.hit, struck, strict=True)
     ]
     summary = verdict(data, steps, model, root, reduce_dtype, events)
-    return {"slurm": True, "faults": faults_fired, "joins": len(runner.joins), **summary}
+    # A batch host cut takes the documented disaster path: the steps since the checkpoint are run again.
+    within = all(0 <= r <= CHECKPOINT_EVERY for r in runner.replayed)
+    requeued = {"requeues": len(runner.replayed), "requeue_replayed_steps": sum(runner.replayed)}
+    return {"slurm": True, "faults": faults_fired, "joins": len(runner.joins), **summary, **requeued,
+            "ok": summary["ok"] and within}  # fmt: skip
