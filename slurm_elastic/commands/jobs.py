@@ -72,12 +72,15 @@ def render_status(s: msg.StatusReply) -> str:
         lines.append(f"training groups' interface: {'; '.join(interfaces)}")
     lines.append("members:")
     for m in s.members:
-        rank = f"rank {m.rank:<3}" if m.rank is not None else "joining "
+        rank = f"rank {m.rank:<3}" if m.rank is not None else "held    " if m.worker_id in s.held else "joining "
         lines.append(f"  {rank} {m.worker_id:<24} step {m.step:<7} {m.phase:<10} seen {m.last_seen_s:.1f} s ago")
     if s.pending:
         lines.append(f"joining at the next step boundary: {', '.join(s.pending)}")
     if s.draining:
         lines.append(f"draining at the next step boundary: {', '.join(s.draining)}")
+    if s.held:
+        nodes = ", ".join(sorted(set(s.held.values())))
+        lines.append(f"held out until they reach every member again: {nodes}")
     lines.append("last events:")
     for e in s.events[-10:]:
         when = time.strftime("%H:%M:%S", time.localtime(e["time"]))

@@ -352,5 +352,6 @@ class Coordinator:
             members=members,
             pending=list(self.state.joiners),
             draining=sorted(self.state.draining),
+            held={w: j.worker.node for w, j in sorted(self.reachability.held.items())},
             events=self.events.recent(20),
         )

@@ -362,6 +362,8 @@ class StatusReply(_Msg):
     members: list[MemberStatus]
     pending: list[str]
     draining: list[str]
+    # registered workers kept out of the job until their node reaches every member again -> that node
+    held: dict[str, str] = Field(default_factory=dict)
     events: list[dict[str, Any]]
 
 

@@ -5,6 +5,7 @@ registered, until a later round finds the node reachable again."""
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterator
 from typing import TypeVar
@@ -12,6 +13,7 @@ from typing import TypeVar
 import pytest
 from pydantic import BaseModel
 
+from slurm_elastic.commands.jobs import render_status
 from slurm_elastic.coordinator import CoordinatorConfig, CoordinatorThread, reachability
 from slurm_elastic.eventtypes import NodeReadmitted, PeersUnreachable, of_kind
 from slurm_elastic.wire import channel as ch
@@ -119,10 +121,14 @@ def test_a_cut_between_two_members_evicts_the_later_one_until_it_is_reachable_ag
     answer_probes(cluster, {"n2": ["n3"]})  # a recheck: still cut
     nothing_but_pulses(cluster.workers["n1:0:0"], 1.0)
     assert not cluster.events(NodeReadmitted)
+    held = cluster.thread.status()  # what `slurm-elastic status` shows meanwhile
+    assert held.held == {"n3:0:1": "n3"} and "held out until they reach every member again: n3" in render_status(held)
+    assert re.search(r"held +n3:0:1", render_status(held))
     answer_probes(cluster, {})  # the route is back
     assert expect(cluster.workers["n1:0:0"], msg.ChangePending).generation == 2  # it joins at a boundary
     (back,) = cluster.events(NodeReadmitted)
     assert back.node == "n3" and back.workers == ("n3:0:1",) and back.held_s > 0
+    assert cluster.thread.status().held == {}
 
 
 def test_when_every_node_reaches_every_other_the_same_members_form_again(cluster: Cluster) -> None:
