@@ -35,8 +35,17 @@ def read_measured(directory: Path) -> Measured:
             fix = f"write the file with `{command} > {path}`"
             raise ConfigError(f"{path}: {key}={value!r} is not a positive number; {fix}")
         figures[figure] = float(value)
-        sources[figure] = f"{path}:{key}"
+        sources[figure] = f"{_shown(path)}:{key}"
     return Measured(**figures, sources=sources)
+
+
+def _shown(path: Path) -> str:
+    """`path` as the JSON records it: relative to the working directory when inside it (a checkout's
+    docs/bench), so that a committed file names no machine's paths."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
 
 
 def _load(path: Path, command: str) -> dict[str, Any]:

@@ -34,9 +34,21 @@ def test_prints_goodput_per_strategy_from_the_measured_figures(
         assert 0.0 < s["goodput"] <= 1.0 and s["wasted_gpu_hours"] >= 0 and s["lost_steps"] >= 0
     assert out["measured"]["requeue_s"] == 21.0 and out["measured"]["step_ratio"] == 1.02
     assert out["measured"]["sources"]["join_s"].endswith("mttr.json:elastic_join_s_median")
+    assert out["measured"]["sources"]["join_s"].startswith("/")  # outside the working directory: as given
     # the target of issue 25 at 16,384 GPUs and the Llama 3 rate, with these figures
     strategies = out["strategies"]
     assert strategies["elastic"]["goodput"] >= 0.97 > strategies["checkpoint_restart"]["goodput"]
+
+
+def test_sources_inside_the_working_directory_are_recorded_relative_to_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "bench").mkdir()
+    _bench(tmp_path / "bench")
+    monkeypatch.chdir(tmp_path)
+    assert main(["simulate", "--inputs", str(tmp_path / "bench"), "--gpus", "64", "--runs", "1", "--json"]) == 0
+    sources = json.loads(capsys.readouterr().out)["measured"]["sources"]
+    assert sources["join_s"] == "bench/mttr.json:elastic_join_s_median", sources
 
 
 def test_a_missing_file_names_itself_and_the_command_that_writes_it(
