@@ -79,8 +79,8 @@ def render_status(s: msg.StatusReply) -> str:
     if s.draining:
         lines.append(f"draining at the next step boundary: {', '.join(s.draining)}")
     if s.held:
-        nodes = ", ".join(sorted(set(s.held.values())))
-        lines.append(f"held out until they reach every member again: {nodes}")
+        held = ", ".join(sorted(set(s.held.values())))
+        lines.append(f"held out until they reach every member again: {held}")
     lines.append("last events:")
     for e in s.events[-10:]:
         when = time.strftime("%H:%M:%S", time.localtime(e["time"]))

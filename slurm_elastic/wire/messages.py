@@ -22,7 +22,8 @@ DrainMode = Literal["boundary", "now"]
 
 
 class _Msg(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # Floats travel as they are: a float16 step that overflowed commits an inf loss (JSON's null would not do).
+    model_config = ConfigDict(extra="forbid", frozen=True, ser_json_inf_nan="constants")
 
 
 # --- handshake -------------------------------------------------------------------------------------

@@ -66,11 +66,6 @@ def choose_strategy(
             scaling=scaling, phases=phases, change_requested=change_requested,
         )  # fmt: skip
     problem = sharded_support(torch.__version__)
-    if scaling is not None and scaling.enabled:
-        problem = (
-            "scaler= with a fully_shard model is not supported: its gradient shards differ by rank (train in "
-            "bfloat16, which needs no scaler, or leave the model replicated)"
-        )
     if problem is None:
         try:
             from slurm_elastic.worker.sharded.strategy import ShardedStrategy
@@ -83,7 +78,7 @@ def choose_strategy(
     return ShardedStrategy(
         model, optimizer, scheduler, extra,
         reduce_dtype=settings.reduce_dtype_asked, clip=settings.clip_grad_norm, phases=phases,
-        change_requested=change_requested, report=report,
+        change_requested=change_requested, report=report, scaling=scaling,
     )  # fmt: skip
 
 

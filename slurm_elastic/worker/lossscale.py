@@ -6,6 +6,10 @@ the job unscales them (before `clip_grad_norm=`), skips the optimizer step if an
 the scale. The summed gradients are the same on every rank, so every rank skips the same steps and keeps
 the same scale. The scaler's state travels with the replica (peer transfers, checkpoints, `job.save`).
 
+A `fully_shard` model's ranks each hold a different gradient shard: each unscales its own, the ranks agree
+on whether any shard overflowed (one flag in the step's sum over the ranks), and every rank then skips the
+same step and updates the scale alike (`unscale_shards`, `update_agreed`).
+
 Inside the loop the script's own `scaler.scale(loss)` returns the loss unscaled (so `job.backward(
 scaler.scale(loss))` scales once), and its `unscale_`, `step` and `update` do nothing: the job does them when
 the whole global batch is summed, as `optimizer.step()` there does nothing (optguard.py). Outside the loop
@@ -14,6 +18,7 @@ the scaler acts as usual.
 
 from __future__ import annotations
 
+import math
 import types
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -51,6 +56,28 @@ class LossScaling:
 
     def update(self) -> None:
         self._update()
+
+    def unscale_shards(self, grads: Sequence[torch.Tensor]) -> bool:
+        """Unscale this rank's gradient shards in place; whether they are all finite. Its peers' shards may
+        not be: the caller agrees with them on the step's fate, then calls `update_agreed`."""
+        inverse = 1.0 / self.scaler.get_scale()
+        finite = True
+        for grad in grads:
+            grad.mul_(inverse)
+            finite = finite and bool(torch.isfinite(grad).all())
+        return finite
+
+    def update_agreed(self, overflowed: bool) -> None:
+        """GradScaler.update's rule, with the overflow that every rank agreed on: back off at once, grow after
+        `growth_interval` clean steps in a row. Through the scaler's public state, which is all there is."""
+        state = self.scaler.state_dict()
+        scale, clean = float(state["scale"]), int(state["_growth_tracker"]) + 1
+        if overflowed:
+            scale, clean = scale * state["backoff_factor"], 0
+        elif clean == state["growth_interval"]:
+            grown = torch.tensor(scale * state["growth_factor"], dtype=torch.float32).item()  # the scale's dtype
+            scale, clean = (grown if math.isfinite(grown) else scale), 0
+        self.scaler.load_state_dict({**state, "scale": scale, "_growth_tracker": clean})
 
     def state(self) -> dict[str, Any] | None:
         return self.scaler.state_dict() if self.enabled else None

@@ -82,14 +82,17 @@ def test_a_fully_shard_model_on_an_older_torch_is_refused_in_one_line(monkeypatc
         _job(net)
 
 
-def test_a_gradient_scaler_is_refused_for_a_fully_shard_model_unless_disabled() -> None:
+def test_a_fully_shard_model_takes_a_gradient_scaler_unless_disabled() -> None:
     opt = lambda net: torch.optim.SGD(net.parameters(), lr=0.1)  # noqa: E731
     env, ports = worker_env({}), Ports(process_hooks=False)
     args: dict[str, Any] = {"dataset": DATA, "global_batch": 4, "micro_batch": 2, "env": env, "ports": ports}
     net = _sharded_model()
-    with pytest.raises(ConfigError, match=r"^scaler= with a fully_shard model is not supported: .* bfloat16"):
-        ElasticJob(net, opt(net), scaler=torch.amp.GradScaler("cpu"), **args)
-    ElasticJob(net, opt(net), scaler=torch.amp.GradScaler("cpu", enabled=False), **args).close()  # float16 off
+    for enabled in (True, False):
+        scaler = torch.amp.GradScaler("cpu", enabled=enabled)
+        job = ElasticJob(net, opt(net), scaler=scaler, **args)
+        held = job._strategy.held  # type: ignore[attr-defined]
+        assert (held.scaling is not None and held.scaling.scaler is scaler) == enabled
+        job.close()
 
 
 def test_a_replicated_job_never_loads_the_sharded_path() -> None:

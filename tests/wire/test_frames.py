@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import socket
 import struct
 import typing
@@ -106,6 +107,16 @@ def test_frame_round_trip(sample: BaseModel) -> None:
     decoded = ch.decode_body(body)
     assert type(decoded) is type(sample) and decoded == sample
     assert msg.parse_message(msg.dump_message(sample)) == sample
+
+
+def test_a_commit_whose_loss_overflowed_arrives_as_it_was_sent() -> None:
+    # A float16 step skipped for an inf gradient commits an inf (or NaN) loss: the commit must not be dropped.
+    for loss in (float("inf"), float("-inf")):
+        sent = msg.Committed(generation=1, step=2, loss=loss, samples=12, world=3, time=1.0)
+        assert ch.decode_body(ch.encode_frame(sent)[4:]) == sent
+    nan = msg.Committed(generation=1, step=2, loss=float("nan"), samples=12, world=3, time=1.0)
+    decoded = ch.decode_body(ch.encode_frame(nan)[4:])
+    assert isinstance(decoded, msg.Committed) and math.isnan(decoded.loss)
 
 
 def test_invalid_json_is_a_protocol_error() -> None:

@@ -27,6 +27,7 @@ from slurm_elastic.decide.shardlayout import Layout
 from slurm_elastic.errors import ConfigError
 from slurm_elastic.worker.checkpoints import userstate
 from slurm_elastic.worker.checkpoints.state import from_json, to_json
+from slurm_elastic.worker.lossscale import LossScaling
 from slurm_elastic.worker.membership.comm import Group
 from slurm_elastic.worker.phases import PhaseHooks
 from slurm_elastic.worker.sharded.checksum import digest
@@ -79,8 +80,10 @@ class ShardedReplica:
         extra: dict[str, Any] | None = None,
         *,
         phases: PhaseHooks,
+        scaling: LossScaling | None = None,
     ) -> None:
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
+        self.scaling = scaling  # float16's gradient scaler, whose scale is part of the replicated state
         self.extra: dict[str, Any] = extra if extra is not None else {}  # the user's dict, restored in place
         self.params = fsdp_params(model)  # fqn -> FSDPParam: stable objects, re-meshed in place
         self.step = 0
@@ -173,6 +176,7 @@ class ShardedReplica:
                 "cursor": self.cursor,
                 "reference_world": self.reference_world,
                 "global_batch": self.global_batch,
+                "scaler": self.scaling.state() if self.scaling is not None else None,
             },
             "extra": to_json(userstate.capture(self.extra), "extra_state"),
             "groups": [
@@ -193,6 +197,8 @@ class ShardedReplica:
             self.reference_world = int(progress["reference_world"])
         if progress.get("global_batch") is not None:
             self.global_batch = int(progress["global_batch"])
+        if self.scaling is not None:
+            self.scaling.load(progress.get("scaler"))
         if small.get("extra"):
             userstate.restore(self.extra, from_json(small["extra"]))
         for group, saved in zip(self.optimizer.param_groups, small["groups"], strict=True):
@@ -227,11 +233,28 @@ class ShardedReplica:
     def prepare(self, step: int, own: list[torch.Tensor], mirror: list[torch.Tensor] | None) -> None:
         self.pending = Pending(step, own, mirror)
 
-    def commit(self, step: int, samples: int, norm2: float, clip: float | None, lr_factor: float) -> None:
-        """Apply step `step` to the own shard and the mirrored one, from the pending gradients."""
+    def commit(
+        self, step: int, samples: int, norm2: float, clip: float | None, lr_factor: float, *, skip: bool = False
+    ) -> None:
+        """Apply step `step` to the own shard and the mirrored one, from the pending gradients. `skip`: the
+        scheduler's step only (float16 gradients that overflowed on some rank, as GradScaler.step skips)."""
         pending = self.pending
         if pending is None or pending.step != step:
             raise ConfigError(f"no gradients of step {step} to commit")
+        if not skip:
+            self._optimizer_steps(pending, norm2, clip, lr_factor)
+        if self.scheduler is not None:
+            self.scheduler.step()
+        for fp in self.params.values():
+            fp.sharded_param.grad = None
+        self.pending = None
+        self.step, self.cursor, self.fresh = step, self.cursor + samples, False
+        self.last_norm2, self.last_lr_factor = norm2, lr_factor
+        if not any(self.keys.values()):
+            self.keys = sharded_state_keys(self.model, self.optimizer)
+        self.digests = self.take_digests()
+
+    def _optimizer_steps(self, pending: Pending, norm2: float, clip: float | None, lr_factor: float) -> None:
         coef = 1.0
         if clip is not None:
             coef = min(1.0, clip / (norm2**0.5 + 1e-6))
@@ -246,8 +269,6 @@ class ShardedReplica:
             for fp, grad in zip(self.params.values(), pending.own, strict=True):
                 fp.sharded_param.grad = fp.to_sharded_dtensor(grad) if not isinstance(grad, DTensor) else grad
             _optimizer_step(self.optimizer, lr_factor, self.step_fn)
-        if self.scheduler is not None:
-            self.scheduler.step()
         if self.mirror_opt is not None and pending.mirror is not None:
             for group, saved in zip(self.mirror_opt.param_groups, hyper, strict=True):
                 group.update(saved)
@@ -256,14 +277,6 @@ class ShardedReplica:
             _optimizer_step(self.mirror_opt, lr_factor, self.mirror_opt.step)
             for param in self.mirror_params.values():
                 param.grad = None
-        for fp in self.params.values():
-            fp.sharded_param.grad = None
-        self.pending = None
-        self.step, self.cursor, self.fresh = step, self.cursor + samples, False
-        self.last_norm2, self.last_lr_factor = norm2, lr_factor
-        if not any(self.keys.values()):
-            self.keys = sharded_state_keys(self.model, self.optimizer)
-        self.digests = self.take_digests()
 
     def _local_optimizer(self, grads: list[torch.Tensor]) -> torch.optim.Optimizer:
         """The script's optimizer over this rank's local rows, which share storage with the DTensor parameters

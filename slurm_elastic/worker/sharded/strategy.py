@@ -10,8 +10,10 @@ weight zero (`decide.batching.lockstep`). After the last backward:
    with HSDP replica groups (`decide.shardlayout`) it instead sums its gradient shard over the ranks that hold
    the same shard (FSDP2's reduce-scatter ran inside its shard group);
 2. one small sum over the ranks: the step's loss, the "membership change wanted" flag, the number of
-   clean ranks and the squared gradient norm (for clipping);
-3. if every rank was clean, the optimizer updates the own shard and the mirrored one: committed.
+   clean ranks, the squared gradient norm (for clipping) and, with float16's gradient scaler, the number
+   of ranks whose (unscaled) gradient shard overflowed;
+3. if every rank was clean, the optimizer updates the own shard and the mirrored one (unless a shard
+   overflowed: then every rank skips the update alike, and the scale backs off): committed.
 
 A rank whose FSDP2 collective failed or was interrupted (poisoned) skips 1 and 2: no rank commits the
 step, and the new generation re-runs it.
@@ -32,6 +34,7 @@ from slurm_elastic.decide.batching import MicroBatch, StepPlan
 from slurm_elastic.errors import ConfigError
 from slurm_elastic.logs import get_logger
 from slurm_elastic.worker.checkpoints.ckptfiles import CheckpointError
+from slurm_elastic.worker.lossscale import LossScaling
 from slurm_elastic.worker.membership.comm import CollectiveFailed, Group
 from slurm_elastic.worker.phases import PhaseHooks
 from slurm_elastic.worker.sharded.checkpoint import ShardedCheckpoints, complete_checkpoints, save_snapshot
@@ -60,10 +63,12 @@ class ShardedStrategy:
         phases: PhaseHooks,
         change_requested: Callable[[], bool],
         report: Report,
+        scaling: LossScaling | None = None,
     ) -> None:
         if reduce_dtype not in (None, "float32"):
             raise ConfigError(f"invalid reduce_dtype {reduce_dtype!r} for a fully_shard model: FSDP2 sums in float32")
-        held = ShardedReplica(model, optimizer, scheduler, extra, phases=phases)
+        self._scaling = scaling if scaling is not None and scaling.enabled else None
+        held = ShardedReplica(model, optimizer, scheduler, extra, phases=phases, scaling=self._scaling)
         held.clip = clip
         held.shard_group_wanted = shard_group_wanted(model)
         held.on_refused = lambda line: report("shard_refused", {"detail": line, "step": held.step})  # one event each
@@ -72,6 +77,7 @@ class ShardedStrategy:
         self._change_requested = change_requested
         self._loss = torch.zeros((), dtype=torch.float64)
         self._norm2 = 0.0
+        self._overflowed = False  # a rank's gradient shard held an inf or NaN this step (float16's scaler)
         self._group: Group | None = None
         self._number = 0
 
@@ -90,7 +96,8 @@ class ShardedStrategy:
         self._phases.fire("backward", self._number)  # parameters are re-made per generation: no autograd hook
         if mb.weight:
             self._loss += loss.detach().double().cpu() * mb.weight
-        (loss * mb.weight).backward()
+        scaled = self._scaling.scale(loss) if self._scaling is not None else loss
+        (scaled * mb.weight).backward()
 
     def contribute_nothing(self) -> None:
         raise AssertionError("a sharded job's ranks always run passes (lockstep): none is without a micro-batch")
@@ -105,6 +112,8 @@ class ShardedStrategy:
         own = held.grads()
         if held.replicas is not None and held.replicas.world > 1:
             _sum_over(held.replicas, own)  # HSDP: each replica group reduced its own micro-batches
+        # Unscaled before the mirror gets its copy and before the norm (clipping sees true gradients).
+        finite = self._scaling.unscale_shards(own) if self._scaling is not None else True
         mirror: list[torch.Tensor] | None = None
         wards = held.wards
         if wards is not None and group.world > 1:
@@ -119,17 +128,23 @@ class ShardedStrategy:
         counted = held.first_replica and held.clip is not None  # each shard counted once
         norm2 = held.local_norm2(own) if counted else 0.0
         change = 1.0 if self._change_requested() else 0.0
-        control = torch.tensor([float(self._loss), change, 1.0, norm2], dtype=torch.float64)
+        control = torch.tensor([float(self._loss), change, 1.0, norm2, 0.0 if finite else 1.0], dtype=torch.float64)
         group.allreduce_(control)
         if int(control[2].item()) != group.world:
             raise CollectiveFailed(f"step {self._number}: {group.world - int(control[2].item())} ranks were not clean")
         self._norm2 = float(control[3].item())
+        self._overflowed = control[4].item() > 0
         return float(control[0].item()), bool(control[1].item() > 0)
 
     def commit(self, number: int, plan: StepPlan) -> None:
         self._phases.fire("optimizer", number)  # the job steps the shards, not the script's optimizer
         self._phases.fire("commit", number)
-        self.held.commit(number, plan.step_samples, self._norm2, self.held.clip, plan.lr_factor)
+        skip = self._scaling is not None and self._overflowed
+        self.held.commit(number, plan.step_samples, self._norm2, self.held.clip, plan.lr_factor, skip=skip)
+        if self._scaling is not None:
+            if skip:
+                log.info("overflow_step_skipped", step=number, scale=self._scaling.scaler.get_scale())
+            self._scaling.update_agreed(skip)
 
     def abandon(self) -> None:
         pass  # a poisoned attempt's collectives return at once; the next attempt installs fresh ones
