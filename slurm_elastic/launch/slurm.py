@@ -37,7 +37,13 @@ from slurm_elastic.decide.slurm_watch import (
     satellites_to_submit,
 )
 from slurm_elastic.errors import ElasticError, SlurmError
-from slurm_elastic.eventtypes import AgentRelaunched, AgentRelaunchGivenUp, ControlLoopFailed, SlurmJobStarted
+from slurm_elastic.eventtypes import (
+    AgentRelaunched,
+    AgentRelaunchGivenUp,
+    ControlLoopFailed,
+    JobCancelled,
+    SlurmJobStarted,
+)
 from slurm_elastic.exitmarker import fresh_core_exits, read_exit_code, read_exit_reason
 from slurm_elastic.jobdir import JobHandle, LaunchInfo, hook_comment, job_dir, make_job_dir, private_dir, user_name
 from slurm_elastic.logs import configure_logging, get_logger
@@ -96,6 +102,7 @@ class SlurmLaunch:
         self.dir = job_dir(slurm_job)
         self.secret = new_secret()
         self.stop_requested = threading.Event()
+        self.stopped_by_user = False  # the stop is a person's Ctrl-C (SIGINT), not Slurm's warning
         self.srun: subprocess.Popen[bytes] | None = None
         self.coordinator: CoordinatorThread | None = None
         self._notified: set[str] = set()
@@ -164,6 +171,15 @@ class SlurmLaunch:
         self._agent_argv, self._agent_env = agent, {**os.environ, **env, **agent_env}
         self.srun = subprocess.Popen(argv, env=self._agent_env)
 
+    def request_stop(self, signum: int, _frame: object = None) -> None:
+        """A signal to the launcher (a handler: sets flags only). SIGTERM and SIGUSR2 are Slurm's warning
+        before it stops the job (preemption, the time limit): the nodes drain at a step boundary, the job
+        checkpoints and is requeued. SIGINT is a person's Ctrl-C in an interactive allocation: the same
+        orderly stop, checkpoint included, but nothing is requeued."""
+        if signum == signal.SIGINT and not self.stop_requested.is_set():
+            self.stopped_by_user = True
+        self.stop_requested.set()
+
     # --- the loop -------------------------------------------------------------------------------------
 
     def supervise(self) -> str:
@@ -179,8 +195,9 @@ class SlurmLaunch:
                 nodes = self.coordinator.call(lambda: sorted(coord.agents))
                 if not running or not nodes:
                     log.warning("stopping_before_training", slurm_job=self.slurm_job)
-                    return "suspended"  # nothing trained yet, nothing to keep: end now (and requeue)
-                self.coordinator.drain(nodes, "boundary", "the Slurm job is stopping (SIGTERM)")
+                    return "suspended"  # nothing trained yet, nothing to keep: end now (requeued unless by a user)
+                why = "the user stopped it (Ctrl-C)" if self.stopped_by_user else "the Slurm job is stopping (SIGTERM)"
+                self.coordinator.drain(nodes, "boundary", why)
             if stop_by is not None and now > stop_by:
                 log.warning("drain_timeout", slurm_job=self.slurm_job, grace_s=self.config.drain_grace_s)
                 return "suspended"
@@ -347,7 +364,8 @@ class SlurmLaunch:
         baseline = phase == "failed" and self.config.recovery == "requeue"
         coord = self.coordinator.coordinator if self.coordinator is not None else None
         split = coord is not None and coord.driver.requeue_after_failure
-        if (phase == "suspended" or baseline or split) and self.config.requeue:
+        wanted = (phase == "suspended" and not self.stopped_by_user) or baseline or split  # a person's stop stays
+        if wanted and self.config.requeue:
             with contextlib.suppress(SlurmError):  # Slurm out of reach (this side was cut off): the others requeue
                 info = self.backend.job(self.slurm_job)
                 if slurm_is_ending(info):
@@ -385,7 +403,7 @@ def run_in_allocation(args: argparse.Namespace, command: list[str]) -> int:
     configure_logging(config.log_format, config.log_level)
     launch = SlurmLaunch(config, command, get_backend(), slurm_job)
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2):
-        signal.signal(sig, lambda *_: launch.stop_requested.set())
+        signal.signal(sig, launch.request_stop)
     launch.start()
     phase = "failed"
     try:
@@ -393,6 +411,12 @@ def run_in_allocation(args: argparse.Namespace, command: list[str]) -> int:
     finally:
         launch.finish(phase)
     view = launch.coordinator.view() if launch.coordinator else None
+    if launch.stopped_by_user and phase == "suspended":
+        step = view.last_step if view else 0
+        if launch.coordinator is not None:
+            launch.coordinator.coordinator.events.record(JobCancelled("the user (Ctrl-C)", step))
+        print(f"slurm-elastic: job {slurm_job} stopped by the user (Ctrl-C) at step {step}", file=sys.stderr)
+        return 130
     failed_after = (view.failed_after_training if view else []) + launch.agents_failed()
     if phase == "finished" and failed_after:
         return fail(f"job {slurm_job} finished training, but then: {'; '.join(failed_after)}", 1)

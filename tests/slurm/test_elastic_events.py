@@ -12,16 +12,22 @@ import pytest
 from slurm_elastic.eventtypes import (
     AgentRelaunched,
     CheckpointFallback,
+    DrainRequested,
+    GenerationReady,
     HangEvicted,
+    JobCancelled,
     JobFailed,
+    JobSuspended,
     MembershipChange,
     NodeLost,
     NodeUnresponsive,
     Recovered,
     RestartAll,
+    SlurmJobStarted,
 )
 from slurm_elastic.faults import FaultPlan
 from slurm_elastic.testing.devcluster import LocalCluster
+from slurm_elastic.worker.checkpoints.checkpoint import list_checkpoints
 
 from .elastic_jobs import ElasticSlurmJob, job_env, reference_model, submit_core
 
@@ -120,6 +126,37 @@ def test_every_holder_lost_restarts_the_workers_from_the_latest_checkpoint(
     (fallback,) = job.of(CheckpointFallback)
     assert fallback.resume_step == 10 and fallback.last_committed_step == 14  # a checkpoint every 10
     assert job.of(RestartAll) and not job.of(JobFailed)
+    job.assert_same_training(reference_model(tmp_path.parent, 40))
+
+
+def test_ctrl_c_stops_at_a_step_boundary_with_a_checkpoint_says_who_and_is_never_requeued(
+    elastic_jobs: list[ElasticSlurmJob], tmp_path: Path
+) -> None:
+    """A person's Ctrl-C reaches the launcher as SIGINT (in an interactive allocation; `scancel --signal=INT
+    --batch` here): the same orderly stop as Slurm's warning, but the job is not requeued, and it says who."""
+    job = submit_core(tmp_path / "ctrl-c", nodes="2", steps=40, pause=0.3)
+    elastic_jobs.append(job)
+    job.wait_step(5)
+    subprocess.run(["scancel", "--signal=INT", "--batch", job.job_id], check=True, timeout=30)
+    info = job.wait_finished(timeout=120, hurry=False)
+    assert info.restart_count == 0 and info.state == "FAILED", info  # the launcher's exit status: 130
+    (drain,) = job.of(DrainRequested)
+    (suspended,) = job.of(JobSuspended)
+    (cancelled,) = job.of(JobCancelled)
+    assert drain.reason == "the user stopped it (Ctrl-C)" and cancelled.reason == "the user (Ctrl-C)"
+    assert cancelled.step == suspended.step >= 5 and not job.of(JobFailed)
+    assert f"stopped by the user (Ctrl-C) at step {cancelled.step}" in job.output()
+    saved = list_checkpoints(job.dir / "checkpoints")
+    assert saved and saved[-1][0] == cancelled.step  # resumable from where it stopped
+    time.sleep(3)  # a requeue would show by now
+    assert job.info().restart_count == 0 and len(job.of(SlurmJobStarted)) == 1
+    # Started again by hand, it goes on from where the user stopped it, and ends as if never stopped.
+    subprocess.run(["scontrol", "requeue", job.job_id], check=True, timeout=30)
+    job.wait("the job to start again", lambda: len(job.of(SlurmJobStarted)) == 2, timeout=120)
+    again = job.of(SlurmJobStarted)[1]
+    job.wait("its first generation", lambda: any(e.time > again.time for e in job.of(GenerationReady)))
+    assert next(e for e in job.of(GenerationReady) if e.time > again.time).resume_step == cancelled.step
+    job.wait_finished()
     job.assert_same_training(reference_model(tmp_path.parent, 40))
 
 
