@@ -9,6 +9,7 @@ never wall-clock times.
 from __future__ import annotations
 
 import re
+import shlex
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -124,9 +125,13 @@ def elastic_job(hooks: Hooked, tmp_path: Path) -> Iterator[Callable[..., Elastic
     """Starts a 'core job': a held sbatch job, a coordinator named after it, its handle, then release."""
     started: list[CoordinatorThread] = []
 
-    def start(*sbatch_args: str) -> ElasticJob:
+    def start(nodes: int) -> ElasticJob:
         job_dir = tmp_path / "home" / "jobs" / "core"
-        job = hooks.sbatch("--hold", f"--comment={hook_comment(job_dir)}", *sbatch_args)
+        up = tmp_path / "up"  # one file per node whose task runs
+        up.mkdir()
+        task = f"touch {shlex.quote(str(up))}/$SLURMD_NODENAME && exec sleep 300"
+        step = f"srun --no-kill --ntasks-per-node=1 bash -c {shlex.quote(task)}"
+        job = hooks.sbatch("--hold", f"--comment={hook_comment(job_dir)}", f"-N{nodes}", "--wrap", step)
         secret = new_secret()
         config = CoordinatorConfig(
             job_id=job,
@@ -139,9 +144,9 @@ def elastic_job(hooks: Hooked, tmp_path: Path) -> Iterator[Callable[..., Elastic
         started.append(thread)
         JobHandle(job, thread.address, secret, "localhost", 0, time.time()).write(job_dir)
         hooks.cluster.slurm("scontrol", "release", job)
-        # Running means more than the job's state: its step (the training processes) is up on every node.
-        steps = lambda: hooks.cluster.slurm("squeue", "-h", "-s", "-j", job, "-o", "%i", check=False).stdout  # noqa: E731
-        wait_until(lambda: f"{job}.0" in steps().split(), f"the step of job {job} to run")
+        # Running means more than the job's state, or its step's: the step's task runs on every node. (A
+        # shrink while a task still starts there fails the step, and the whole job ends with it.)
+        wait_until(lambda: len(list(up.iterdir())) == nodes, f"the tasks of job {job} to run on {nodes} nodes")
         return ElasticJob(job, thread)
 
     try:
@@ -184,7 +189,7 @@ def test_a_failing_health_check_keeps_a_node_out_of_new_jobs(hooks: Hooked, tmp_
 def test_a_shrink_is_reported_by_the_epilog_of_each_released_node(
     hooks: Hooked, elastic_job: Callable[..., ElasticJob]
 ) -> None:
-    job = elastic_job("-N4", "--wrap", "srun --no-kill --ntasks-per-node=1 sleep 300")
+    job = elastic_job(4)
     hooks.cluster.slurm("scontrol", "update", f"JobId={job.slurm_job}", "NumNodes=2")
     drains = wait_until(lambda: len(d := job.drains("epilog")) >= 2 and d, "the epilogs of n3 and n4")
     assert sorted(n for d in drains for n in d.nodes) == ["n3", "n4"]
@@ -196,7 +201,7 @@ def test_a_shrink_is_reported_by_the_epilog_of_each_released_node(
 
 
 def test_scontrol_drain_and_fail_reach_the_job_once_each(hooks: Hooked, elastic_job: Callable[..., ElasticJob]) -> None:
-    job = elastic_job("-N4", "--wrap", "srun --no-kill --ntasks-per-node=1 sleep 300")
+    job = elastic_job(4)
     hooks.cluster.slurm("scontrol", "update", "NodeName=n3", "State=DRAIN", "Reason=pytest maintenance")
     (drain,) = wait_until(lambda: job.drains("healthcheck"), "the health check to report n3's drain")
     assert (drain.nodes, drain.mode) == (("n3",), "boundary")
