@@ -28,7 +28,7 @@ from slurm_elastic.coordinator.scripts import ScriptReports
 from slurm_elastic.coordinator.ticker import Ticker
 from slurm_elastic.decide import membership as m
 from slurm_elastic.decide.failures import ExitRecord
-from slurm_elastic.decide.loops import LoopSettings, step_running
+from slurm_elastic.decide.loops import LoopSettings, step_taken
 from slurm_elastic.errors import InvalidMessage, ProtocolError
 from slurm_elastic.events import EventLog
 from slurm_elastic.eventtypes import (
@@ -188,9 +188,9 @@ class Coordinator:
     def _check_went_on(self, wid: str, peer: Peer) -> None:
         """A member whose heartbeat shows it past the step where another member's loop ended."""
         end = next(iter(self.state.ended.values()), None)
-        running = step_running(peer.step, peer.phase)
-        if end is not None and running > end.step and self.state.phase == "running":
-            self.driver.feed(m.WentOn(wid, peer.generation, running))
+        taken = step_taken(peer.step, peer.phase)
+        if end is not None and taken > end.step and self.state.phase == "running":
+            self.driver.feed(m.WentOn(wid, peer.generation, taken))
 
     def _on_loop_opened(self, wid: str, settings: LoopSettings) -> None:
         if (difference := self.scripts.loop_opened(wid, settings)) is not None:

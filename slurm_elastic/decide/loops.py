@@ -1,6 +1,6 @@
 """Every member runs the same training loop: where each loop ends and with which batches must agree, or
 ranks would wait for each other at different places. Pure: the settings a worker's loop runs with, compared
-with the first worker's, and the step a member is in by its heartbeat."""
+with the first worker's, and the latest step a member's heartbeat proves it took."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ from collections.abc import Mapping
 
 LoopSettings = Mapping[str, int | float | str | bool | None]
 
-STEPPING = frozenset({"compute", "allreduce", "optimizer", "commit"})
+# A step's phases after its last backward. Its compute phase begins when its first micro-batch is handed
+# out, and a loop may still leave there, at the boundary before that step.
+TAKEN = frozenset({"allreduce", "optimizer", "commit"})
 
 SAME_LOOP = (
     "every rank must ask for the same loop (to train n more steps after a resume, derive the total from a "
@@ -31,6 +33,7 @@ def _show(value: object) -> str:
     return "(none)" if value is None else repr(value) if isinstance(value, str) else str(value)
 
 
-def step_running(committed: int, phase: str) -> int:
-    """The step a member is in by its heartbeat: the phases of a step report the step committed before it."""
-    return committed + 1 if phase in STEPPING else committed
+def step_taken(committed: int, phase: str) -> int:
+    """The latest step a member's heartbeat proves it took: a step's phases report the step committed before
+    it, and only those after its last backward show that its loop went on into it."""
+    return committed + 1 if phase in TAKEN else committed

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from slurm_elastic.decide.loops import STEPPING, loop_difference, step_running
+from slurm_elastic.decide.loops import TAKEN, loop_difference, step_taken
 
 LOOP = {"total_steps": 100, "global_batch": 64, "micro_batch": 8, "seed": 0, "shuffle": True, "lr": None}
 
@@ -30,6 +30,7 @@ def test_a_setting_one_side_lacks_is_a_difference() -> None:
     assert "total_epochs (none) on a, 3 on b" in text and "total_steps 100 on a, (none) on b" in text
 
 
-@pytest.mark.parametrize("phase", ["init", "recovery", "boundary", "done", *sorted(STEPPING)])
-def test_a_heartbeat_in_a_step_reports_the_step_before_it(phase: str) -> None:
-    assert step_running(7, phase) == (8 if phase in STEPPING else 7)
+@pytest.mark.parametrize("phase", ["init", "compute", "recovery", "boundary", "done", *sorted(TAKEN)])
+def test_a_heartbeat_proves_a_step_taken_only_after_its_last_backward(phase: str) -> None:
+    # compute: the step's first micro-batch was handed out, and a loop may still leave at the boundary
+    assert step_taken(7, phase) == (8 if phase in ("allreduce", "optimizer", "commit") else 7)
