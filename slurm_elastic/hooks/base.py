@@ -19,11 +19,19 @@ from slurm_elastic.hooks.hooklog import HookLog
 from slurm_elastic.hooks.settings import ENV_HOOKS_DIR, HookSettings, expand_node_path, load_settings
 from slurm_elastic.jobdir import JobHandle
 
-__all__ = ["EX_OK", "EX_REFUSE", "Run", "find_coordinator", "main", "start"]
+__all__ = ["EX_OK", "EX_REFUSE", "Run", "find_coordinator", "main", "start", "time_bound"]
 
 EX_OK = 0
 EX_REFUSE = 100
 SLURM_TIMEOUT_S = 5.0
+ENV_HOOK_TIMEOUT_S = "SLURM_ELASTIC_HOOK_TIMEOUT_S"  # the wrapper's hard bound (SE_TIMEOUT_S), exported by it
+EXIT_MARGIN_S = 3.0  # what a hook keeps of that bound to log and exit on its own terms
+
+
+def time_bound(environ: Mapping[str, str], default_s: float = 20.0) -> float:
+    """Seconds this run has before its wrapper kills it."""
+    value = environ.get(ENV_HOOK_TIMEOUT_S, "")
+    return float(value) if value.isdigit() and int(value) > 0 else default_s
 
 
 @dataclass

@@ -12,7 +12,7 @@ from pathlib import Path
 from slurm_elastic.logs import get_logger
 
 from .backend import check_node_update, filter_jobs, node_names
-from .errors import JobNotFound, SlurmCommandError, SlurmError, SlurmRequestError
+from .errors import JobNotFound, SlurmCommandError, SlurmError, SlurmRequestError, SlurmTimeout
 from .hostlist import compress_hostlist, expand_hostlist
 from .parse import (
     parse_jobs_json,
@@ -63,7 +63,7 @@ def run_command(argv: Sequence[str], env: Mapping[str, str], timeout: float) -> 
         )
     except subprocess.TimeoutExpired as exc:
         stderr = exc.stderr.decode() if isinstance(exc.stderr, bytes) else (exc.stderr or "")
-        raise SlurmCommandError(argv, None, stderr, why=f"timed out after {timeout:g} s") from exc
+        raise SlurmTimeout(argv, None, stderr, why=f"timed out after {timeout:g} s") from exc
     except OSError as exc:
         raise SlurmCommandError(argv, None, "", why=f"could not start ({exc.strerror or exc})") from exc
     return CommandResult(done.returncode, done.stdout, done.stderr)

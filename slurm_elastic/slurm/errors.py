@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from slurm_elastic.errors import SlurmError, SlurmParseError
 
-__all__ = ["JobNotFound", "SlurmCommandError", "SlurmError", "SlurmParseError", "SlurmRequestError"]
+__all__ = ["JobNotFound", "SlurmCommandError", "SlurmError", "SlurmParseError", "SlurmRequestError", "SlurmTimeout"]
 
 
 class JobNotFound(SlurmError):
@@ -28,6 +28,10 @@ class SlurmCommandError(SlurmError):
         self.argv = tuple(argv)
         self.returncode = returncode
         self.stderr = stderr
+
+
+class SlurmTimeout(SlurmCommandError):
+    """A Slurm command did not finish in its time (slurmctld busy, restarting, or unreachable)."""
 
 
 class SlurmRequestError(SlurmError):

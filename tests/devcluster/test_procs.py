@@ -111,6 +111,22 @@ def test_unix_socket_owner_found(tmp_path: Path, spawned: list[subprocess.Popen[
     assert proc.pid not in procs.unix_socket_pids(tmp_path / "spool" / "n1")
 
 
+def test_a_process_holding_a_file_open_is_found_by_the_files_identity_under_any_name(
+    tmp_path: Path, spawned: list[subprocess.Popen[bytes]]
+) -> None:
+    log = tmp_path / "log" / "slurmd.n2.log"
+    log.parent.mkdir()
+    log.write_text("")
+    (tmp_path / "elsewhere").symlink_to(tmp_path / "log")  # the name a chroot's process would show
+    script = f"import time\nf = open({str(tmp_path / 'elsewhere' / log.name)!r}, 'a')\ntime.sleep(300)\n"
+    proc = subprocess.Popen([sys.executable, "-c", script], start_new_session=True)
+    spawned.append(proc)
+    _wait_for(lambda: proc.pid in procs.open_file_pids(log))
+    other = tmp_path / "log" / "slurmd.n1.log"
+    other.write_text("")
+    assert proc.pid not in procs.open_file_pids(other) and not procs.open_file_pids(tmp_path / "absent.log")
+
+
 def test_layout_paths_and_socket_room(tmp_path: Path) -> None:
     layout = Layout(tmp_path)
     assert layout.slurmd_log("n2") == tmp_path / "log" / "slurmd.n2.log"

@@ -18,6 +18,7 @@ from slurm_elastic.eventtypes import DrainRequested, of_kind
 from slurm_elastic.hooks import base, epilog, epilog_slurmctld, healthcheck, prolog
 from slurm_elastic.hooks.dedupe import StateFile
 from slurm_elastic.jobdir import JobHandle
+from slurm_elastic.slurm.errors import SlurmTimeout
 from slurm_elastic.slurm.records import JobInfo, NodeInfo
 from slurm_elastic.wire.channel import new_secret
 
@@ -32,12 +33,22 @@ class FakeSlurm:
         self.on_node: dict[str, list[tuple[str, int]]] = {}
         self.updates: list[tuple[str, str, str]] = []
         self.queries = 0
+        self.stalls = 0  # how many queries time out before slurmctld answers again
+        self.timeouts: list[float] = []  # the timeout each client was made with
 
     def job(self, job_id: str) -> JobInfo | None:
         return self.jobs.get(job_id)
 
+    def client(self, timeout_s: float) -> FakeSlurm:
+        self.timeouts.append(timeout_s)
+        return self
+
     def node(self, name: str) -> NodeInfo | None:
         self.queries += 1
+        if self.stalls:
+            self.stalls -= 1
+            time.sleep(min(self.timeouts[-1], 0.5))  # scaled down: the hook's own bounds are what is tested
+            raise SlurmTimeout(["scontrol", "show", "node", name], None, "", why="timed out")
         return self.nodes.get(name, NodeInfo(name, "IDLE"))
 
     def running_jobs_on(self, node: str) -> list[tuple[str, int]]:
@@ -83,7 +94,7 @@ def world(
     handle = JobHandle("100", thread.address, secret, "n1", os.getpid(), time.time()).write(job_dir)
     fake = FakeSlurm()
     for module in (prolog, epilog, healthcheck):
-        monkeypatch.setattr(module, "HookSlurm", lambda **_: fake)
+        monkeypatch.setattr(module, "HookSlurm", lambda timeout_s, **_: fake.client(timeout_s))
     monkeypatch.setattr("sys.stderr", io.StringIO())
     env = {"SLURM_ELASTIC_HOOKS_DIR": str(hooks_dir), "SLURM_JOB_UID": UID, "SLURM_JOB_COMMENT": "x"}
     return {"fake": fake, "env": env, "comment": f"slurm-elastic:{handle}", "tmp": tmp_path, "thread": thread}
@@ -177,6 +188,28 @@ def test_prolog_healthy_unhealthy_and_off(world: dict[str, Any]) -> None:
     assert prolog.run({**env, "SLURMD_NODENAME": "n2"}) == base.EX_OK  # the override is n3's only
     hooks_toml.write_text(hooks_toml.read_text() + "prolog = false\n")
     assert prolog.run(env) == base.EX_OK
+
+
+def test_prolog_asks_a_slow_slurmctld_again_within_its_wrappers_bound(world: dict[str, Any]) -> None:
+    fake, env = world["fake"], {**world["env"], "SLURM_JOB_ID": "107", "SLURMD_NODENAME": "n3"}
+    hooks_toml = Path(env["SLURM_ELASTIC_HOOKS_DIR"]) / "hooks.toml"
+    hooks_toml.write_text(hooks_toml.read_text() + "[node.n3]\nmin_free_shm_mb = 999999999\n")
+    fake.stalls = 2  # e.g. a slurmctld just restarted: the first two questions time out
+    assert prolog.run(env) == base.EX_REFUSE
+    ((node, state, reason),) = fake.updates
+    assert (node, state) == ("n3", "DRAIN") and reason.startswith("slurm-elastic prolog: shm: ")
+    assert sum("action=set_state result=retry" in line for line in log_lines(world)) == 2
+    assert max(fake.timeouts) <= base.SLURM_TIMEOUT_S
+
+    # A wrapper bound of 5 s leaves 2 s: the last attempt gets what is left, then the job is refused anyway
+    # (Slurm drains the node itself).
+    fake.updates.clear()
+    fake.stalls, fake.timeouts[:] = 100, []
+    began = time.monotonic()
+    assert prolog.run({**env, base.ENV_HOOK_TIMEOUT_S: "5"}) == base.EX_REFUSE
+    assert time.monotonic() - began < 5 and not fake.updates  # done before the wrapper would kill it
+    assert fake.timeouts[-1] < base.SLURM_TIMEOUT_S  # bounded by the time left, not a full call's timeout
+    assert "slurmctld did not answer in time" in log_lines(world)[-1]
 
 
 def test_healthcheck_tells_each_job_once_per_state(world: dict[str, Any]) -> None:

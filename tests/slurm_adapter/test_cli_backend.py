@@ -7,7 +7,7 @@ import pytest
 
 from slurm_adapter.slurm_fixtures import fixture_text
 from slurm_elastic.slurm.cli_backend import CliBackend, CommandResult, run_command
-from slurm_elastic.slurm.errors import JobNotFound, SlurmCommandError, SlurmRequestError
+from slurm_elastic.slurm.errors import JobNotFound, SlurmCommandError, SlurmRequestError, SlurmTimeout
 from slurm_elastic.slurm.records import SlurmVersion
 
 
@@ -215,7 +215,8 @@ def test_run_command_real_processes() -> None:
     assert run_command(["sh", "-c", "echo out; echo err >&2; exit 3"], {"PATH": "/usr/bin:/bin"}, 5) == (
         CommandResult(3, "out\n", "err\n")
     )
-    with pytest.raises(SlurmCommandError, match=r"timed out after 0\.2 s"):
+    with pytest.raises(SlurmTimeout, match=r"timed out after 0\.2 s"):
         run_command(["sleep", "5"], {"PATH": "/usr/bin:/bin"}, 0.2)
-    with pytest.raises(SlurmCommandError, match="could not start"):
+    with pytest.raises(SlurmCommandError, match="could not start") as refused:
         run_command(["/nonexistent/scontrol"], {}, 5)
+    assert not isinstance(refused.value, SlurmTimeout)  # not worth asking again

@@ -147,9 +147,14 @@ def unix_socket_pids(directory: Path) -> set[int]:
 
 
 def open_file_pids(path: Path) -> set[int]:
-    """Processes with `path` open (slurmstepd keeps its node's slurmd log open)."""
-    target = str(path)
-    return {pid for pid in _pids() if target in _fd_links(pid)}
+    """Processes with `path` open (slurmstepd keeps its node's slurmd log open). Matched by file identity,
+    not by name: a process in a chroot may show its open files by their names outside it."""
+    try:
+        st = path.stat()
+    except OSError:
+        return set()
+    target = (st.st_dev, st.st_ino)
+    return {pid for pid in _pids() if target in _fd_files(pid)}
 
 
 def _pids() -> list[int]:
@@ -167,6 +172,21 @@ def _fd_links(pid: int) -> set[str]:
         with contextlib.suppress(OSError):
             links.add(os.readlink(entry))
     return links
+
+
+def _fd_files(pid: int) -> set[tuple[int, int]]:
+    """(device, inode) of each file `pid` has open."""
+    fd_dir = _PROC / str(pid) / "fd"
+    files: set[tuple[int, int]] = set()
+    try:
+        entries = list(fd_dir.iterdir())
+    except OSError:
+        return files
+    for entry in entries:
+        with contextlib.suppress(OSError):
+            st = entry.stat()  # follows the link to the open file itself
+            files.add((st.st_dev, st.st_ino))
+    return files
 
 
 def _signal(pids: Iterable[int], sig: signal.Signals) -> None:
