@@ -13,6 +13,8 @@ from slurm_elastic.launch.local import JobResult, LocalJob
 from slurm_elastic.logs import configure_logging
 from slurm_elastic.sanitize import printable_lines
 
+CTRL_C = "the user (Ctrl-C)"
+
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("run", help="run a training command elastically", description=__doc__)
@@ -33,18 +35,21 @@ def run(args: argparse.Namespace) -> int:
     config = job_config(args, os.environ)
     configure_logging(config.log_format, config.log_level)
     job = LocalJob(command, config)
-    # Before anything slow (start-up imports torch): a SIGTERM at any moment ends the run.
-    signal.signal(signal.SIGTERM, lambda signum, _: job.cancel(signal.Signals(signum).name))
-    result = None
+
+    # Before anything slow (start-up imports torch): a SIGTERM or a Ctrl-C at any moment ends the run. A
+    # handler, not KeyboardInterrupt: raised inside a lock's wait, that can leave the lock held for good.
+    def stop_by(signum: int, _frame: object) -> None:
+        job.cancel(CTRL_C if signum == signal.SIGINT else signal.Signals(signum).name)
+
+    signal.signal(signal.SIGTERM, stop_by)
+    signal.signal(signal.SIGINT, stop_by)
     try:
         job.start()
         result = job.wait(agents_timeout=None)  # the script may still save its model after training
-    except KeyboardInterrupt:
-        job.cancel("the user (Ctrl-C)")  # told to the coordinator by stop(), before the processes end
     finally:
         job.stop()
-    if result is None:
-        print(f"slurm-elastic: job {job.job_id} stopped by the user (Ctrl-C)", file=sys.stderr)
+    if result.phase == "cancelled" and result.reason == CTRL_C:
+        print(f"slurm-elastic: job {job.job_id} stopped by {CTRL_C}", file=sys.stderr)
         return 130
     return report(job.job_id, result, command)
 

@@ -77,7 +77,11 @@ def test_sigterm_or_ctrl_c_ends_the_run_within_seconds_as_a_stop(corpus: Path, p
         time.sleep(12 if phase == "training" else 3)
         assert proc.poll() is None, "still running before the signal"
         proc.send_signal(sig)  # Ctrl-C: the terminal signals the launcher's process group, not the nodes'
-        _, stderr = proc.communicate(timeout=30)
+        try:
+            _, stderr = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            pytest.fail(f"the run did not end within 30 s of the signal:\n{proc.communicate()[1][-3000:]}")
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
