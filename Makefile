@@ -29,16 +29,19 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
-# Everything: static checks, then the whole suite with the local Slurm cluster up (brought down even when
-# a test fails). The Slurm tests fail rather than skip when the cluster is required but unreachable. They
-# mostly wait (on Slurm, on paced jobs), so they run beside the rest, each half in a directory of its own;
-# the Slurm half's output follows the other's, and the suite fails if either half does.
+# Everything: the whole suite with the local Slurm cluster up (brought down even when a test fails), and
+# the static checks. The Slurm tests fail rather than skip when the cluster is required but unreachable.
+# They mostly wait (on Slurm, on paced jobs), so they start first and run beside the static checks and the
+# rest, each half in a directory of its own; the Slurm half's output follows the other's, and the suite
+# fails if either half does (a failed static check stops the Slurm half at once).
 SUITE := SLURM_ELASTIC_REQUIRE_SLURM=1 $(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
-test: lint typecheck
+test: $(STAMP)
 	$(CLUSTER) up
 	rc=0; base=$$(mktemp -d /tmp/slurm-elastic-test.XXXXXX); \
 	  $(SUITE) --basetemp="$$base/slurm" tests/slurm > "$$base/slurm.log" 2>&1 & slurm=$$!; \
-	  $(SUITE) --basetemp="$$base/rest" --ignore=tests/slurm || rc=$$?; \
+	  if $(MAKE) --no-print-directory lint typecheck; then \
+	    $(SUITE) --basetemp="$$base/rest" --ignore=tests/slurm || rc=$$?; \
+	  else rc=2; kill $$slurm; fi; \
 	  wait $$slurm || rc=$$((rc ? rc : $$?)); \
 	  echo "--- the Slurm tests:"; cat "$$base/slurm.log"; \
 	  $(CLUSTER) down || true; [ $$rc -ne 0 ] || rm -rf "$$base"; exit $$rc
