@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
+from typing import Any
 
 from slurm_elastic.commands.common import fail
 from slurm_elastic.errors import ElasticError, SlurmError
@@ -90,8 +92,19 @@ def render_status(s: msg.StatusReply) -> str:
 
 def status_json(s: msg.StatusReply) -> str:
     """The status for tools: every value as it is, in JSON whose every character outside printable ASCII is
-    escaped (`\\u001b`), so printing it to a terminal is safe too."""
-    return json.dumps(s.model_dump(mode="json"), separators=(",", ":")).replace("\x7f", "\\u007f")
+    escaped (`\\u001b`), so printing it to a terminal is safe too. A number that is not finite (an overflowed
+    float16 step's loss) is null: strict JSON has no Infinity or NaN."""
+    return json.dumps(_finite(s.model_dump(mode="json")), separators=(",", ":")).replace("\x7f", "\\u007f")
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
 
 
 def run_status(args: argparse.Namespace) -> int:

@@ -60,12 +60,13 @@ class LossScaling:
     def unscale_shards(self, grads: Sequence[torch.Tensor]) -> bool:
         """Unscale this rank's gradient shards in place; whether they are all finite. Its peers' shards may
         not be: the caller agrees with them on the step's fate, then calls `update_agreed`."""
+        if not grads:
+            return True
         inverse = 1.0 / self.scaler.get_scale()
-        finite = True
         for grad in grads:
             grad.mul_(inverse)
-            finite = finite and bool(torch.isfinite(grad).all())
-        return finite
+        # One flag per shard, read back once: a read per shard would wait on the device that many times.
+        return bool(torch.stack([torch.isfinite(grad).all() for grad in grads]).all())
 
     def update_agreed(self, overflowed: bool) -> None:
         """GradScaler.update's rule, with the overflow that every rank agreed on: back off at once, grow after

@@ -111,3 +111,13 @@ def test_a_failure_traceback_is_printed_escaped(capsys: pytest.CaptureFixture[st
     err = capsys.readouterr().err
     assert acts_on_a_terminal(err, newlines=True) == []
     assert "Traceback (most recent call last):\n  File 'train.py'\n" in err
+
+
+def test_status_json_is_strict_json_when_a_number_is_not_finite() -> None:
+    overflowed = hostile_status().model_copy(
+        update={"loss": float("inf"), "events": [{"event": "x", "loss": float("nan")}]}
+    )
+    out = jobs.status_json(overflowed)
+    assert "Infinity" not in out and "NaN" not in out
+    value = json.loads(out, parse_constant=lambda name: pytest.fail(f"{name} in the status JSON"))
+    assert value["loss"] is None and value["events"][0]["loss"] is None and value["step"] == 42
