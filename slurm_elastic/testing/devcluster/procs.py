@@ -8,11 +8,14 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from slurm_elastic.waiting import holds_within
+
+T = TypeVar("T")
 
 __all__ = [
     "Proc",
@@ -162,31 +165,25 @@ def _pids() -> list[int]:
 
 
 def _fd_links(pid: int) -> set[str]:
-    fd_dir = _PROC / str(pid) / "fd"
-    links: set[str] = set()
-    try:
-        entries = list(fd_dir.iterdir())
-    except OSError:
-        return links
-    for entry in entries:
-        with contextlib.suppress(OSError):
-            links.add(os.readlink(entry))
-    return links
+    return _each_fd(pid, os.readlink)
 
 
 def _fd_files(pid: int) -> set[tuple[int, int]]:
-    """(device, inode) of each file `pid` has open."""
-    fd_dir = _PROC / str(pid) / "fd"
-    files: set[tuple[int, int]] = set()
+    """(device, inode) of each file `pid` has open (stat follows the link to the open file itself)."""
+    return _each_fd(pid, lambda fd: ((st := fd.stat()).st_dev, st.st_ino))
+
+
+def _each_fd(pid: int, read: Callable[[Path], T]) -> set[T]:
+    """`read` of each of `pid`'s open descriptors, skipping those closed meanwhile."""
     try:
-        entries = list(fd_dir.iterdir())
+        entries = list((_PROC / str(pid) / "fd").iterdir())
     except OSError:
-        return files
+        return set()
+    found: set[T] = set()
     for entry in entries:
         with contextlib.suppress(OSError):
-            st = entry.stat()  # follows the link to the open file itself
-            files.add((st.st_dev, st.st_ino))
-    return files
+            found.add(read(entry))
+    return found
 
 
 def _signal(pids: Iterable[int], sig: signal.Signals) -> None:
