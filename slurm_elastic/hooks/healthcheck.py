@@ -48,10 +48,14 @@ def _checks(node: str, info: NodeInfo | None, slurm: HookSlurm, r: base.Run) -> 
         return info
     try:
         slurm.set_node_state(node, *update)
-        r.log.event("set_state", "ok", state=update[0], reason=update[1] or None)
-        return slurm.node(node)
     except SlurmError as exc:
         r.log.event("set_state", "error", state=update[0], error=str(exc))
+        return info
+    r.log.event("set_state", "ok", state=update[0], reason=update[1] or None)
+    try:
+        return slurm.node(node)
+    except SlurmError as exc:  # the update stands; the jobs hear of it from the next run's query
+        r.log.event("query", "error", error=str(exc))
         return info
 
 

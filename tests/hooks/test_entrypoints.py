@@ -251,6 +251,19 @@ def test_healthcheck_drains_a_sick_node_and_tells_its_jobs_in_the_same_run(world
     assert fake.updates[-1] == ("n4", "RESUME", "")
 
 
+def test_healthcheck_logs_one_update_when_the_read_after_it_times_out(world: dict[str, Any]) -> None:
+    fake = world["fake"]
+    hooks_toml = Path(world["env"]["SLURM_ELASTIC_HOOKS_DIR"]) / "hooks.toml"
+    hooks_toml.write_text(hooks_toml.read_text() + "[node.n4]\nmin_free_shm_mb = 999999999\n")
+    update = fake.set_node_state
+    fake.set_node_state = lambda *a: (update(*a), setattr(fake, "stalls", 1))  # slurmctld slows down after it
+    healthcheck.run({**world["env"], "SLURMD_NODENAME": "n4"})
+    assert [(n, s) for n, s, _ in fake.updates] == [("n4", "DRAIN")]
+    lines = [line for line in log_lines(world) if "node=n4" in line and "action=set_state" in line]
+    assert len(lines) == 1 and "result=ok state=DRAIN" in lines[0], lines  # one update, said once
+    assert "healthcheck node=n4 action=query result=error" in log_lines(world)[-1]
+
+
 def test_a_watching_health_check_reports_a_drain_within_its_run(world: dict[str, Any]) -> None:
     fake = world["fake"]
     fake.jobs["109"] = running("109", ("n1",), world["comment"])
