@@ -61,6 +61,7 @@ bench: $(STAMP)
 	for n in 256 1024 2048 4096; do \
 	  $(SE) bench coordinator --agents $$n --json > $(BENCH)/coordinator-$$n.json.part && \
 	  mv $(BENCH)/coordinator-$$n.json.part $(BENCH)/coordinator-$$n.json || exit 1; done
+	$(call bench_json,$(SE) bench coordinator --agents 4096 --workers 8 --json,coordinator-4096x8.json)
 	$(call bench_json,$(SE) bench rendezvous --json,rendezvous.json)
 	$(CLUSTER) up
 	set -o pipefail; rc=0; \

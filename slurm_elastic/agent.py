@@ -120,6 +120,7 @@ class AgentConfig:
     requeue_on_coordinator_loss: bool = False  # a core job's agents: losing the batch host must restart the job
     worker_env: dict[str, str] = field(default_factory=dict)
     store_relay: bool = True  # the workers' store connections end at this agent (rendezvous.relay)
+    control_relay: bool = True  # and their control connections (controlrelay): one connection per node
 
 
 @dataclass
@@ -177,8 +178,10 @@ class Agent:
                 "LOCAL_RANK": str(slot.local_rank),
             }
         )
-        if self._relay is not None:
+        if self._relay is not None and cfg.store_relay:
             env["SLURM_ELASTIC_STORE"] = self._relay.address
+        if self._relay is not None and cfg.control_relay:
+            env["SLURM_ELASTIC_CONTROL"] = self._relay.address
         if cfg.nproc > 1:
             env.setdefault("OMP_NUM_THREADS", "1")  # as torchrun does: don't oversubscribe the node's cores
         slot.expected_exit = slot.restart_due = slot.evicted = False
@@ -389,13 +392,15 @@ class Agent:
                 self._probes.stop()
 
     def _start_relay(self) -> RelayThread | None:
-        """The node's store relay; without one, the workers reach the coordinator's store themselves."""
+        """The node's store and control relays; without them, the workers reach the coordinator themselves."""
         cfg = self.config
-        if not cfg.store_relay:
+        if not (cfg.store_relay or cfg.control_relay):
             return None
         try:
-            return RelayThread(cfg.coordinator, cfg.secret, cfg.job_id).start()
-        except OSError as exc:  # no room for a Unix socket: slower rendezvous, nothing else
+            return RelayThread(
+                cfg.coordinator, cfg.secret, cfg.job_id, control=cfg.control_relay, beat_s=cfg.heartbeat_interval_s
+            ).start()
+        except OSError as exc:  # no room for a Unix socket: more work for the coordinator, nothing else
             log.warning("store_relay_not_started", node=cfg.node, error=str(exc))
             return None
 
@@ -599,6 +604,7 @@ def main(argv: list[str] | None = None) -> int:
                 slurm_job_id=os.environ.get("SLURM_JOB_ID"),
                 requeue_on_coordinator_loss=args.requeue_on_coordinator_loss,
                 store_relay=os.environ.get("SLURM_ELASTIC_STORE_RELAY", "1") not in ("0", "false", "no"),
+                control_relay=os.environ.get("SLURM_ELASTIC_CONTROL_RELAY", "1") not in ("0", "false", "no"),
             )
         agent = Agent(config)
     except (ElasticError, OSError) as exc:

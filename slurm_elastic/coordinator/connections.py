@@ -1,6 +1,7 @@
 """The coordinator's door: its listening socket, each connection's handshake (the job's secret, proven both
 ways, a bounded number of handshakes at a time), the refused ones summed up, and each authenticated peer
-handed on by its role: store clients to the store service, workers, agents and clients to the coordinator."""
+handed on by its role: store clients to the store service, workers, agents, node relays and clients to the
+coordinator."""
 
 from __future__ import annotations
 
@@ -30,6 +31,10 @@ class Peers(Protocol):
 
     async def serve_worker(
         self, reg: msg.Register, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None: ...
+
+    async def serve_relay(
+        self, first: msg.Message, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None: ...
 
     async def serve_agent(
@@ -100,6 +105,8 @@ class Connections:
                 await self.peers.serve_worker(first, reader, writer)
             elif role == "agent" and isinstance(first, msg.RegisterNode):
                 await self.peers.serve_agent(first, reader, writer)
+            elif role == "relay":
+                await self.peers.serve_relay(first, reader, writer)
             elif role == "client":
                 await self.peers.serve_client(first, writer)
             else:

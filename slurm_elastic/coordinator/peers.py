@@ -3,18 +3,29 @@ commits are the catalogue's `Commit`)."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from slurm_elastic.eventtypes import Commit
+
+
+class PeerWriter(Protocol):
+    """A peer's connection, as the coordinator writes to it: its own (asyncio.StreamWriter), or its node relay's
+    (coordinator.relayed)."""
+
+    def write(self, data: bytes) -> None: ...
+
+    def is_closing(self) -> bool: ...
+
+    def close(self) -> None: ...
 
 
 @dataclass
 class Peer:
     """A connected worker or agent."""
 
-    writer: asyncio.StreamWriter
+    writer: PeerWriter
     node: str
     last_seen: float
     step: int = -1

@@ -21,9 +21,10 @@ from typing import Any
 from slurm_elastic.coordinator.config import CoordinatorConfig
 from slurm_elastic.coordinator.connections import Connections, allow_open_files
 from slurm_elastic.coordinator.driver import STORE_PREFIX, Driver, send
-from slurm_elastic.coordinator.peers import Peer, PublicView
+from slurm_elastic.coordinator.peers import Peer, PeerWriter, PublicView
 from slurm_elastic.coordinator.reachability import Reachability
 from slurm_elastic.coordinator.record import Record
+from slurm_elastic.coordinator.relayed import serve_relay
 from slurm_elastic.coordinator.scripts import ScriptReports
 from slurm_elastic.coordinator.ticker import Ticker
 from slurm_elastic.decide import membership as m
@@ -119,7 +120,7 @@ class Coordinator:
 
     # --- peers ---------------------------------------------------------------------------------------
 
-    async def serve_worker(self, reg: msg.Register, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def serve_worker(self, reg: msg.Register, reader: asyncio.StreamReader, writer: PeerWriter) -> None:
         wid = reg.worker_id
         if wid in self.workers or self.driver.over:
             write_message(writer, msg.Stop(reason=f"worker {wid} already registered or job over"))
@@ -150,11 +151,7 @@ class Coordinator:
     def _on_worker_message(self, wid: str, peer: Peer, message: msg.Message) -> None:
         match message:
             case msg.Heartbeat():
-                peer.generation = message.generation
-                if (message.step, message.phase) != (peer.step, peer.phase):
-                    peer.step, peer.phase, peer.phase_since = message.step, message.phase, time.monotonic()
-                    if self.state.ended:
-                        self._check_went_on(wid, peer)
+                self._on_heartbeat(wid, peer, message)
             case msg.Committed():
                 self.record.commit(message)
             case msg.AtBoundary():
@@ -184,6 +181,22 @@ class Coordinator:
                 self._on_drain(message)
             case _:
                 raise ProtocolError(f"unexpected {message.type!r} from worker {wid}")
+
+    def _on_heartbeat(self, wid: str, peer: Peer, beat: msg.Heartbeat | msg.Beat) -> None:
+        peer.generation = beat.generation
+        if (beat.step, beat.phase) != (peer.step, peer.phase):
+            peer.step, peer.phase, peer.phase_since = beat.step, beat.phase, time.monotonic()
+            if self.state.ended:
+                self._check_went_on(wid, peer)
+
+    async def serve_relay(self, first: msg.Message, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """A node's control relay: its workers, each served as `serve_worker` serves a direct one."""
+        await serve_relay(first, reader, writer, self.serve_worker, self._on_beat, self.events)
+
+    def _on_beat(self, beat: msg.Beat, now: float) -> None:
+        if (peer := self.workers.get(beat.worker)) is not None:
+            peer.last_seen = now
+            self._handle(self._on_heartbeat, beat.worker, peer, beat)
 
     def _check_went_on(self, wid: str, peer: Peer) -> None:
         """A member whose heartbeat shows it past the step where another member's loop ended."""

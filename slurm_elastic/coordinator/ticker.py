@@ -14,6 +14,7 @@ from slurm_elastic.coordinator.config import CoordinatorConfig
 from slurm_elastic.coordinator.driver import Driver, send
 from slurm_elastic.coordinator.peers import Peer
 from slurm_elastic.coordinator.reachability import Reachability
+from slurm_elastic.coordinator.relayed import upstream_of
 from slurm_elastic.decide import membership as m
 from slurm_elastic.decide import quorum
 from slurm_elastic.decide.health import Liveness, Verdict, find_unresponsive, stalled_for
@@ -70,9 +71,10 @@ class Ticker:
     def _pulse(self) -> None:
         gen = self.driver.state.generation
         pulse = encode_frame(msg.Pulse(generation=gen.number if gen else 0))  # one encoding for every peer
-        for peer in self._peers():
-            if not peer.writer.is_closing():
-                peer.writer.write(pulse)
+        connections = {id(c): c for c in (upstream_of(p.writer) for p in self._peers())}  # a relay's once
+        for connection in connections.values():
+            if not connection.is_closing():
+                connection.write(pulse)
 
     def _evict_unresponsive(self, now: float) -> None:
         agents, members = self.suspects(now)

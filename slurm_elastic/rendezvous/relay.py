@@ -11,6 +11,9 @@ timeout) in flight at the same time go upstream as one, and its reply is handed 
 one in flight returns what the key held when that read was answered upstream; for the write-once keys of a
 group's rendezvous, that is what a read of its own would return. Writes are never merged, and a
 connection's requests go upstream in the order they came.
+
+The same socket serves the node's control relay (controlrelay), where the agent runs one: the role a
+connection proves decides which relay serves it.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ import secrets
 import threading
 from collections.abc import Callable
 
+from slurm_elastic.agentspec import HEARTBEAT_INTERVAL_S
+from slurm_elastic.controlrelay import ControlRelay
 from slurm_elastic.errors import AuthError, ProtocolError
 from slurm_elastic.logs import get_logger
 from slurm_elastic.wire.channel import (
@@ -113,7 +118,6 @@ class StoreRelay:
         self._opening = asyncio.Lock()
         self._reader_task: asyncio.Task[None] | None = None
         self._downstream: set[asyncio.StreamWriter] = set()
-        self.gate = HandshakeGate()
 
     async def connected(self) -> Upstream:
         async with self._opening:
@@ -126,24 +130,6 @@ class StoreRelay:
     async def _read(self, upstream: Upstream) -> None:
         await upstream.read_replies()
         for writer in list(self._downstream):  # the workers' stores see their connection end, as if direct
-            writer.close()
-
-    async def on_connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        """One worker's connection: the handshake, then its requests until it closes."""
-        try:
-            self.gate.enter(writer)
-            try:
-                role = await accept_handshake(reader, writer, secret=self._secret, job_id=self.job_id)
-            finally:
-                self.gate.leave(writer)
-            if role != "store":
-                raise ProtocolError(f"the store relay serves store connections only, not a {role}")
-            await self.serve(reader, writer)
-        except (AuthError, ProtocolError) as exc:
-            log.warning("store_relay_refused", reason=str(exc)[:200])
-        except (OSError, asyncio.IncompleteReadError):
-            pass  # the worker went, or the coordinator cannot be reached: its store says so
-        finally:
             writer.close()
 
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -174,17 +160,23 @@ def _answer(writer: asyncio.StreamWriter, reply: StoreReply) -> None:
 
 
 class RelayThread:
-    """A node agent's relay: its own event loop on a daemon thread, listening on an abstract Unix socket of
-    a random name. `address` is what the workers' stores connect to."""
+    """A node agent's relays: the store relay and, with `control`, the control relay (controlrelay), on one
+    event loop on a daemon thread, listening on an abstract Unix socket of a random name. `address` is what
+    the workers' store and control connections open; the role each proves says which relay serves it."""
 
-    def __init__(self, coordinator: str, secret: str, job_id: str) -> None:
+    def __init__(
+        self, coordinator: str, secret: str, job_id: str, *, control: bool = False, beat_s: float = HEARTBEAT_INTERVAL_S
+    ) -> None:
         self.relay: StoreRelay | None = None
+        self.control: ControlRelay | None = None
         self._args = (coordinator, secret, job_id)
+        self._control, self._beat_s = control, beat_s
+        self.gate = HandshakeGate()
         self.address = f"{UNIX_PREFIX}@slurm-elastic-relay-{secrets.token_hex(8)}"
         self._loop = asyncio.new_event_loop()
         self._started = threading.Event()
         self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="se-store-relay", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="se-node-relay", daemon=True)
 
     def start(self) -> RelayThread:
         self._thread.start()
@@ -194,13 +186,33 @@ class RelayThread:
             raise self._error
         return self
 
+    async def _on_connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """One worker's connection: the handshake, then the relay of its role serves it until it closes."""
+        try:
+            self.gate.enter(writer)
+            try:
+                role = await accept_handshake(reader, writer, secret=self._args[1], job_id=self._args[2])
+            finally:
+                self.gate.leave(writer)
+            if role == "store" and self.relay is not None:
+                await self.relay.serve(reader, writer)
+            elif role == "worker" and self.control is not None:
+                await self.control.serve(reader, writer)
+            else:
+                raise ProtocolError(f"this node's relay does not serve a {role}")
+        except (AuthError, ProtocolError) as exc:
+            log.warning("relay_refused", reason=str(exc)[:200])
+        except (OSError, asyncio.IncompleteReadError):
+            pass  # the worker went, or the coordinator cannot be reached: the worker's side says so
+        finally:
+            writer.close()
+
     def _run(self) -> None:
         asyncio.set_event_loop(self._loop)
         try:
             self.relay = StoreRelay(*self._args)
-            server = self._loop.run_until_complete(
-                asyncio.start_unix_server(self.relay.on_connect, unix_path(self.address))
-            )
+            self.control = ControlRelay(*self._args, beat_s=self._beat_s) if self._control else None
+            server = self._loop.run_until_complete(asyncio.start_unix_server(self._on_connect, unix_path(self.address)))
         except BaseException as exc:  # reported by start()
             self._error = exc
             self._started.set()
@@ -211,6 +223,8 @@ class RelayThread:
         finally:
             server.close()
             self.relay.close()
+            if self.control is not None:
+                self.control.close()
             tasks = asyncio.all_tasks(self._loop)
             for task in tasks:
                 task.cancel()

@@ -1,9 +1,10 @@
-"""Many simulated nodes in one process: each an agent connection and its workers' connections to a real
-coordinator, over real sockets and the real handshake, for `bench coordinator`.
+"""Many simulated nodes in one process: each an agent's connection and its control relay's (its workers')
+to a real coordinator, over real sockets and the real handshake, for `bench coordinator`.
 
-They speak as the production peers do: an agent registers its node and heartbeats; a worker registers,
-heartbeats its (generation, step, phase), steps every `--step-s`, and rank 0 reports each commit; a worker
-asked for a boundary reports reaching it at its next step; a worker told to leave, or stopped, closes.
+They speak as the production peers do: an agent registers its node and heartbeats; its relay carries its
+workers (controlrelay): each registers, its heartbeats go up together once an interval, it steps every
+`--step-s`, and rank 0 reports each commit; a worker asked for a boundary reports reaching it at its next
+step; a worker told to leave, or stopped, closes.
 Frames are read as plain JSON (a client this lean leaves the machine's CPU to the coordinator under test).
 
 Run as `python -m slurm_elastic.testing.nodeswarm` by the benchmark, never imported by the runtime. The
@@ -27,8 +28,21 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import BaseModel
+
 from slurm_elastic.wire.channel import encode_frame, open_peer
-from slurm_elastic.wire.messages import AtBoundary, Committed, DrainRequest, Heartbeat, Register, RegisterNode
+from slurm_elastic.wire.messages import (
+    AtBoundary,
+    Beat,
+    Beats,
+    Committed,
+    DrainRequest,
+    Heartbeat,
+    Register,
+    RegisterNode,
+    RelayClosed,
+    Relayed,
+)
 
 __all__ = ["main"]
 
@@ -36,18 +50,12 @@ _HEADER = struct.Struct("!I")
 
 
 @dataclass
-class Link:
-    """One connection of a simulated node: its agent's (`worker` None) or one worker's."""
+class Connection:
+    """One connection of a simulated node: its agent's, or its relay's (every worker of the node on it)."""
 
     node: SimNode
-    worker: str | None
     reader: asyncio.StreamReader
     writer: asyncio.StreamWriter
-    generation: int = 0
-    rank: int = -1
-    step: int = 0
-    boundary_asked: int = 0  # the generation whose boundary the coordinator asked for
-    tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
     def send(self, frame: bytes) -> bool:
         if self.node.silent or self.writer.is_closing():
@@ -57,11 +65,26 @@ class Link:
 
 
 @dataclass
+class SimWorker:
+    name: str
+    generation: int = 0
+    rank: int = -1
+    step: int = 0
+    boundary_asked: int = 0  # the generation whose boundary the coordinator asked for
+    closed: bool = False
+
+
+@dataclass
 class SimNode:
     name: str
-    links: list[Link] = field(default_factory=list)
+    workers: dict[str, SimWorker] = field(default_factory=dict)
+    connections: list[Connection] = field(default_factory=list)  # the agent's, then the relay's
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
     silent: bool = False
     closed_at: float | None = None  # when the coordinator closed its agent's connection
+
+    def relayed(self, worker: str, message: BaseModel) -> bytes:
+        return encode_frame(Relayed(worker=worker, frame=message.model_dump_json()))
 
 
 @dataclass
@@ -92,65 +115,83 @@ class Swarm:
         reader, writer = await open_peer(self.args.address, self.secret, self.args.job, "agent")
         register = RegisterNode(node=name, host=name, nproc=self.args.workers, pid=os.getpid(), slurm_job_id="1")
         writer.write(encode_frame(register))
-        agent = Link(node, None, reader, writer)
-        node.links.append(agent)
-        self._start(agent)
+        agent = Connection(node, reader, writer)
+        reader, writer = await open_peer(self.args.address, self.secret, self.args.job, "relay")
+        relay = Connection(node, reader, writer)
+        node.connections = [agent, relay]
         for local in range(self.args.workers):
             wid = f"{name}-{local}"
-            reader, writer = await open_peer(self.args.address, self.secret, self.args.job, "worker")
-            writer.write(encode_frame(Register(worker_id=wid, node=name, local_rank=local, pid=0, committed_step=-1)))
-            link = Link(node, wid, reader, writer)
-            node.links.append(link)
-            self._start(link)
-
-    def _start(self, link: Link) -> None:
+            node.workers[wid] = SimWorker(wid)
+            relay.send(
+                node.relayed(wid, Register(worker_id=wid, node=name, local_rank=local, pid=0, committed_step=-1))
+            )
         loop = asyncio.get_running_loop()
-        link.tasks = [loop.create_task(self._read(link)), loop.create_task(self._heartbeat(link))]
+        node.tasks = [
+            loop.create_task(self._read(agent, agent=True)),
+            loop.create_task(self._read(relay, agent=False)),
+            loop.create_task(self._heartbeat(node)),
+        ]
 
     def close_node(self, node: SimNode) -> None:
-        for link in node.links:
-            link.writer.close()
+        for connection in node.connections:
+            connection.writer.close()
 
-    # --- what each link does --------------------------------------------------------------------------
+    # --- what each node does --------------------------------------------------------------------------
 
-    async def _heartbeat(self, link: Link) -> None:
-        await asyncio.sleep(random.uniform(0, self.heartbeat_s))  # peers' heartbeats are not in step
-        while not link.writer.is_closing():
-            if link.worker is None:
-                frame = encode_frame(Heartbeat(generation=0, step=-1, phase="init"))
-            else:
-                frame = encode_frame(Heartbeat(generation=link.generation, step=link.step, phase="compute"))
-            self.sent += link.send(frame)
+    async def _heartbeat(self, node: SimNode) -> None:
+        """The agent's heartbeat, and its relay's frame of its workers' heartbeats, once an interval each."""
+        await asyncio.sleep(random.uniform(0, self.heartbeat_s))  # nodes' heartbeats are not in step
+        agent, relay = node.connections
+        while not agent.writer.is_closing():
+            self.sent += agent.send(encode_frame(Heartbeat(generation=0, step=-1, phase="init")))
+            beats = [
+                Beat(worker=w.name, generation=w.generation, step=w.step, phase="compute")
+                for w in node.workers.values()
+                if not w.closed
+            ]
+            if beats:
+                self.sent += relay.send(encode_frame(Beats(beats=beats)))
             await asyncio.sleep(self.heartbeat_s)
 
-    async def _read(self, link: Link) -> None:
+    async def _read(self, connection: Connection, agent: bool) -> None:
+        node = connection.node
         try:
             while True:
-                (length,) = _HEADER.unpack(await link.reader.readexactly(_HEADER.size))
-                message = json.loads(await link.reader.readexactly(length))
+                (length,) = _HEADER.unpack(await connection.reader.readexactly(_HEADER.size))
+                message = json.loads(await connection.reader.readexactly(length))
                 self.received += 1
-                self._on_message(link, message)
+                if agent:
+                    if message["type"] == "stop":
+                        break
+                elif message["type"] == "relayed":
+                    self._on_message(node, node.workers[message["worker"]], json.loads(message["frame"]))
+                elif message["type"] == "relay_closed":
+                    self._leave(node, node.workers[message["worker"]])
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         finally:
-            if link.worker is None and link.node.closed_at is None:
-                link.node.closed_at = time.monotonic()
-            link.writer.close()
+            if agent and node.closed_at is None:
+                node.closed_at = time.monotonic()
+            connection.writer.close()
 
-    def _on_message(self, link: Link, message: dict[str, Any]) -> None:
+    def _on_message(self, node: SimNode, worker: SimWorker, message: dict[str, Any]) -> None:
         kind = message["type"]
         if kind == "registered":
             self.heartbeat_s = message["settings"]["heartbeat_interval_s"]  # the production interval
         elif kind == "assign":
-            self._on_assign(link, message)
+            self._on_assign(worker, message)
         elif kind == "change_pending":
-            link.boundary_asked = max(link.boundary_asked, message["generation"])
+            worker.boundary_asked = max(worker.boundary_asked, message["generation"])
         elif kind in ("leave", "stop"):
-            link.writer.close()
-            if kind == "leave" and all(w.writer.is_closing() for w in link.node.links if w.worker):
-                self.close_node(link.node)  # an agent ends once its workers have left
+            self.sent += node.connections[1].send(encode_frame(RelayClosed(worker=worker.name)))
+            self._leave(node, worker)
 
-    def _on_assign(self, link: Link, a: dict[str, Any]) -> None:
+    def _leave(self, node: SimNode, worker: SimWorker) -> None:
+        worker.closed = True
+        if all(w.closed for w in node.workers.values()):
+            self.close_node(node)  # an agent ends once its workers have left
+
+    def _on_assign(self, worker: SimWorker, a: dict[str, Any]) -> None:
         now, number = time.monotonic(), a["generation"]
         if number not in self.ranks:
             if a["since"] is None:
@@ -166,28 +207,29 @@ class Swarm:
         if a["since"] is not None and not gen.left and not gen.joined:
             gen.left, gen.joined = a["left"], a["joined"]
         gen.last, gen.count = now, gen.count + 1
-        link.generation, link.rank = number, a["rank"]
+        worker.generation, worker.rank = number, a["rank"]
 
     async def step(self) -> None:
         """Every worker steps at once, as a data-parallel job does."""
         while True:
             await asyncio.sleep(self.args.step_s)
             for node in self.nodes.values():
-                for link in node.links:
-                    if link.worker is not None and link.generation > 0 and not link.writer.is_closing():
-                        self._step(link)
+                relay = node.connections[1]
+                for worker in node.workers.values():
+                    if worker.generation > 0 and not worker.closed and not relay.writer.is_closing():
+                        self._step(node, relay, worker)
 
-    def _step(self, link: Link) -> None:
+    def _step(self, node: SimNode, relay: Connection, worker: SimWorker) -> None:
         """One step of one worker: rank 0 reports the commit; a boundary asked for is reached."""
-        link.step += 1
-        gen = link.generation
-        if link.rank == 0:
+        worker.step += 1
+        gen = worker.generation
+        if worker.rank == 0:
             world = len(self.ranks.get(gen, ())) or 1
-            done = Committed(generation=gen, step=link.step, loss=1.0, samples=world, world=world, time=time.time())
-            self.sent += link.send(encode_frame(done))
-        if link.boundary_asked >= gen:
-            self.sent += link.send(encode_frame(AtBoundary(generation=gen, step=link.step)))
-            link.boundary_asked = 0
+            done = Committed(generation=gen, step=worker.step, loss=1.0, samples=world, world=world, time=time.time())
+            self.sent += relay.send(node.relayed(worker.name, done))
+        if worker.boundary_asked >= gen:
+            self.sent += relay.send(node.relayed(worker.name, AtBoundary(generation=gen, step=worker.step)))
+            worker.boundary_asked = 0
 
     # --- commands -------------------------------------------------------------------------------------
 
@@ -208,7 +250,7 @@ class Swarm:
             node.silent = True
         elif do == "drain":
             drain = DrainRequest(nodes=[node.name], mode="boundary", reason="bench", source="agent")
-            self.sent += node.links[0].send(encode_frame(drain))
+            self.sent += node.connections[0].send(encode_frame(drain))
         else:
             return {"error": f"unknown command {do!r}"}
         return {do: node.name, "t": now}

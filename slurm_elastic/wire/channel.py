@@ -28,6 +28,7 @@ import struct
 import threading
 import time
 from collections import OrderedDict
+from typing import Protocol
 
 from pydantic import BaseModel, ValidationError
 
@@ -267,7 +268,13 @@ async def read_message(reader: asyncio.StreamReader, max_frame: int | None = Non
     return decode_body(await reader.readexactly(_check_length(length, max_frame)))
 
 
-def write_message(writer: asyncio.StreamWriter, msg: BaseModel) -> None:
+class FrameSink(Protocol):
+    """Where frames go: an asyncio.StreamWriter, or a relayed worker's (coordinator.relayed)."""
+
+    def write(self, data: bytes) -> None: ...
+
+
+def write_message(writer: FrameSink, msg: BaseModel) -> None:
     writer.write(encode_frame(msg))
 
 

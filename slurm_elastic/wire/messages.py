@@ -16,7 +16,7 @@ from slurm_elastic.errors import ProtocolError
 
 WorkerId = Annotated[str, Field(min_length=1, max_length=200)]
 NodeName = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.:\-\[\],]+$")]
-Role = Literal["worker", "agent", "client", "store"]
+Role = Literal["worker", "agent", "client", "store", "relay"]
 Phase = Literal["init", "compute", "allreduce", "optimizer", "commit", "recovery", "boundary", "done"]
 DrainMode = Literal["boundary", "now"]
 
@@ -248,6 +248,42 @@ class Stop(_Msg):
     error: str | None = None
 
 
+# --- a node's control relay <-> coordinator ----------------------------------------------------------
+# A node's workers open their control connections to their agent's relay (controlrelay), which carries them
+# all over one connection of its own: the coordinator holds a connection per node, however many workers.
+
+
+class Relayed(_Msg):
+    """One worker's message, whole, either way: `frame` is its JSON (validated where it is read, as if direct)."""
+
+    type: Literal["relayed"] = "relayed"
+    worker: WorkerId
+    frame: str
+
+
+class Beat(_Msg):
+    """One worker's latest heartbeat."""
+
+    worker: WorkerId
+    generation: int = Field(ge=0)
+    step: int = Field(ge=-1)
+    phase: Phase
+
+
+class Beats(_Msg):
+    """Relay -> coordinator: its workers' latest heartbeats, together, once an interval."""
+
+    type: Literal["beats"] = "beats"
+    beats: list[Beat] = Field(max_length=1024)
+
+
+class RelayClosed(_Msg):
+    """A relayed worker's connection ends: up, the worker closed it; down, the coordinator closes it."""
+
+    type: Literal["relay_closed"] = "relay_closed"
+    worker: WorkerId
+
+
 # --- agent <-> coordinator --------------------------------------------------------------------------
 
 
@@ -422,6 +458,9 @@ Message = Annotated[
     | Pulse
     | Leave
     | Stop
+    | Relayed
+    | Beats
+    | RelayClosed
     | RegisterNode
     | WorkerExited
     | KillWorker

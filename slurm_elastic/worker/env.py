@@ -39,6 +39,7 @@ class WorkerEnv:
     prefetch: int | None = None
     checkpoint_keep: int | None = None  # the job's setting; ElasticJob(keep_checkpoints=) wins; default 2
     store: str | None = None  # the node's store relay (unix:PATH); None: the coordinator's store itself
+    control: str | None = None  # the node's control relay (unix:PATH); None: the coordinator itself
 
     @property
     def standalone(self) -> bool:
@@ -110,4 +111,5 @@ def worker_env(env: Mapping[str, str] | None = None, *, secret: str | None = Non
         prefetch=_int(env, "PREFETCH", -1) if env.get(PREFIX + "PREFETCH") else None,
         checkpoint_keep=_int(env, "CHECKPOINT_KEEP", 0) or None,
         store=env.get(PREFIX + "STORE") or None,
+        control=env.get(PREFIX + "CONTROL") or None,
     )

@@ -16,8 +16,8 @@ from slurm_elastic.showcase.bench.report import SOURCES, write_report
 REPO_BENCH = Path(__file__).resolve().parents[2] / "docs" / "bench"
 
 
-def _coordinator(agents: int, cpu: float) -> dict[str, object]:
-    return {"agents": agents, "workers_per_agent": 1, "lease_s": 10.0, "heartbeat_s": 1.0,
+def _coordinator(agents: int, cpu: float, workers: int = 1) -> dict[str, object]:
+    return {"agents": agents, "workers_per_agent": workers, "lease_s": 10.0, "heartbeat_s": 1.0,
             "detect_closed_p50_s": 0.01, "detect_closed_p99_s": 0.05 * agents / 256, "detect_silent_p50_s": 9.5,
             "detect_silent_p99_s": 10.2, "form_p50_s": 0.01, "form_p99_s": 0.2, "coordinator_cpu_fraction": cpu,
             "coordinator_rss_mb": 60.0, "frames_per_s": 4 * agents}  # fmt: skip
@@ -28,6 +28,7 @@ def test_the_report_quotes_each_file_and_draws_its_plot(tmp_path: Path) -> None:
         shutil.copy(REPO_BENCH / name, tmp_path / name)
     (tmp_path / "coordinator-256.json").write_text(json.dumps(_coordinator(256, 0.031)))
     (tmp_path / "coordinator-4096.json").write_text(json.dumps(_coordinator(4096, 0.417)))
+    (tmp_path / "coordinator-4096x8.json").write_text(json.dumps(_coordinator(4096, 0.444, workers=8)))
     chaos = {"seed": 3, "steps": 40, "lost_committed_steps": 0, "duplicate_samples": 0, "skipped_samples": 0,
              "max_param_rel_diff": 0.0, "tolerance": 1e-9, "reduce_dtype": "float64",
              "faults": [{"step": 10, "kind": "node_loss", "fired": True}, {"step": 20, "kind": "hang", "fired": False}],
@@ -39,6 +40,7 @@ def test_the_report_quotes_each_file_and_draws_its_plot(tmp_path: Path) -> None:
     mttr = json.loads((REPO_BENCH / "mttr.json").read_text())
     assert f"| {mttr['elastic_mttr_s_median']} s | {mttr['baseline_mttr_s_median']} s | {mttr['ratio']} |" in text
     assert "| 4096 x 1 |" in text and "42%" in text and "| 256 x 1 |" in text and "3%" in text
+    assert "| 4096 x 8 |" in text and "44%" in text and SOURCES["coordinator_wide"].command in text
     assert "1 faults (seed 3) over 40 steps" in text
     for plot in ("mttr.png", "overhead.png", "loss.png", "coordinator.png", "rendezvous.png"):
         assert (tmp_path / plot).stat().st_size > 5_000, plot

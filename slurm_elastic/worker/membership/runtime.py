@@ -79,7 +79,8 @@ class Runtime:
     def register(self, committed_step: int) -> WorkerSettings:
         env = self.env
         identity = Identity(env.job_id, env.worker_id, env.node, env.local_rank)
-        self.control = self.ports.control(env.coordinator or "", env.secret, identity, self.interrupt)
+        address = env.control or env.coordinator or ""  # the node's relay where the agent runs one
+        self.control = self.ports.control(address, env.secret, identity, self.interrupt)
         try:
             self.settings = self.control.register(committed_step, os.getpid())
         except JobOver as exc:
