@@ -53,6 +53,7 @@ from slurm_elastic.wire.messages import (
     KillWorker,
     Probe,
     ProbeResult,
+    Pulse,
     RegisterNode,
     RestartWorkers,
     Stop,
@@ -272,6 +273,8 @@ class Agent:
                 self._see(phase.ConnectionClosed())
                 return
             self._last_heard = time.monotonic()
+            if isinstance(message, Pulse) and self._relay is not None:
+                self._relay.pulse(message)  # the node's one pulse, for its relayed workers too
             with self._lock:
                 if isinstance(message, KillWorker):
                     self._kill(message.worker_id, message.reason)

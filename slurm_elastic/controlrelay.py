@@ -6,9 +6,11 @@ connection per node, however many workers each node runs.
 Each worker's messages go up whole and in order (`Relayed`), except its heartbeats: the relay keeps each
 worker's latest and sends them together once an interval (`Beats`), and before any other message of the
 node, so that the coordinator never sees a worker's progress out of order. The coordinator's pulse comes
-once per node and goes to every worker. What the coordinator sends one worker comes `Relayed` and goes to
-that worker alone. A worker's connection that ends is told up (`RelayClosed`), as a closed connection would
-be; when the relay's own connection ends, it closes every worker's, as the coordinator's loss would.
+once per node, to its agent, which hands it to the relay for every worker; a generation's assignments come
+once per node too (one `Assigns`, after one `Roster` of the whole ranks where newcomers need them), and
+the relay writes each worker its Assign. What the coordinator sends one worker comes `Relayed` and goes to
+that worker alone. A worker's connection that ends is told up (`RelayClosed`), as a closed connection
+would be; when the relay's own connection ends, it closes every worker's, as the coordinator's loss would.
 """
 
 from __future__ import annotations
@@ -73,7 +75,7 @@ class ControlRelay:
         except InvalidMessage:  # the coordinator judges it, as it would a direct worker's (and says so)
             message = None
         if isinstance(message, msg.Heartbeat):
-            self._beats[wid] = msg.Beat(worker=wid, **message.model_dump(exclude={"type"}))
+            self._beats[wid] = (wid, message.generation, message.step, message.phase)
         else:
             self._up(up, msg.Relayed(worker=wid, frame=body.decode(errors="replace")))
 
@@ -103,6 +105,7 @@ class ControlRelay:
     async def _read_upstream(self, up: _Upstream) -> None:
         """Hand each message on to its worker (a pulse to every worker) until the connection ends; then every
         worker's connection ends too."""
+        roster: msg.Roster | None = None
         try:
             while True:
                 message = await read_message(up.reader)
@@ -115,9 +118,11 @@ class ControlRelay:
                         if (writer := self.workers.get(message.worker)) is not None:
                             writer.close()
                     case msg.Pulse():
-                        pulse = encode_frame(message)
-                        for writer in self.workers.values():
-                            writer.write(pulse)
+                        self.pulse(encode_frame(message))
+                    case msg.Roster():
+                        roster = message
+                    case msg.Assigns():
+                        self._assign(message, roster)
                     case _:
                         raise ProtocolError(f"the coordinator sent a node's relay {message.type!r}")
         except (ConnectionError, asyncio.IncompleteReadError, InvalidMessage, ProtocolError) as exc:
@@ -127,6 +132,21 @@ class ControlRelay:
             up.writer.close()
             for writer in list(self.workers.values()):
                 writer.close()
+
+    def pulse(self, frame: bytes) -> None:
+        """The coordinator's pulse (it comes to the node's agent, which hands it on): to every worker."""
+        for writer in self.workers.values():
+            writer.write(frame)
+
+    def _assign(self, a: msg.Assigns, roster: msg.Roster | None) -> None:
+        """Each member's Assign: with the whole ranks of the roster that came before, or as the change."""
+        if a.since is None and (roster is None or roster.generation != a.generation):
+            raise ProtocolError(f"generation {a.generation}'s assignments came without its roster")
+        ranks = {"ranks": roster.ranks} if a.since is None and roster is not None else {}
+        common = a.model_dump(include={"generation", "since", "left", "joined", "boundary_step", "cause"})
+        for worker, rank in a.members:
+            if (writer := self.workers.get(worker)) is not None:
+                writer.write(encode_frame(msg.Assign(**common, **ranks, rank=rank)))
 
     def close(self) -> None:
         for writer in list(self.workers.values()):

@@ -9,6 +9,7 @@ Runs on the coordinator's loop only.
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
 import time
 from dataclasses import replace
@@ -19,6 +20,7 @@ from pydantic import BaseModel
 from slurm_elastic.coordinator.config import CoordinatorConfig
 from slurm_elastic.coordinator.peers import Peer
 from slurm_elastic.coordinator.record import Record
+from slurm_elastic.coordinator.relayed import NodeAssigns
 from slurm_elastic.coordinator.scripts import ScriptReports
 from slurm_elastic.decide import membership as m
 from slurm_elastic.events import EventLog
@@ -29,6 +31,21 @@ from slurm_elastic.wire.channel import write_message
 
 STORE_PREFIX = "rdzv"  # generation g's keys: rdzv/g<g>/...
 _OVER = ("finished", "failed", "suspended")
+LARGE_JOB_RANKS = 1024
+YOUNG_OBJECTS = 10_000  # the garbage collector's first threshold in a large job (Python's default: 700)
+
+
+def collect_for_a_large_job() -> None:
+    """Tune this process's garbage collector once a large job's first generation has formed. The heap then
+    (every peer, connection and buffer) lives as long as the job: it is frozen out of the collector's passes
+    (a full pass over it took half a second at 32,768 ranks); what those objects drop later is freed by
+    reference counting as usual (only a lost peer's few objects in reference cycles stay). The young
+    generation grows from 700 objects to 10,000: its passes, milliseconds each at that size, ran 16 times a
+    second. Measured at 4,096 nodes of 8 (bench coordinator): the garbage collector took 2 s of 15, and 0.4
+    s after."""
+    gc.freeze()
+    young, *older = gc.get_threshold()
+    gc.set_threshold(max(young, YOUNG_OBJECTS), *older)
 
 
 def send(peer: Peer | None, message: BaseModel) -> None:
@@ -62,6 +79,7 @@ class Driver:
         self.config = config
         self.events, self.record, self.scripts, self.store = events, record, scripts, store
         self.workers, self.agents = workers, agents  # the coordinator's own: connected peers by id and node
+        self.relays: set[asyncio.StreamWriter] = set()  # the nodes' control relays' connections
         self.policy = m.Policy(
             expected_workers=config.expected_workers,
             min_workers=config.min_workers,
@@ -197,14 +215,20 @@ class Driver:
         old = before.generation
         diff = ranks_change(old, gen) if old is not None else None
         whole = {"ranks": list(gen.ranks)}
+        relayed = NodeAssigns(gen, diff)  # a relayed worker's comes with its node's, one frame per node
         for rank, wid in enumerate(gen.ranks):
             peer = self.workers.get(wid)
             if peer is None:
                 continue
             ranks = diff if diff is not None and old is not None and peer.assigned == old.number else whole
             peer.assigned = gen.number
+            if relayed.add(peer.writer, wid, rank, whole=ranks is whole):
+                continue
             at = {"generation": gen.number, "rank": rank, "boundary_step": gen.boundary_step, "cause": gen.cause}
             send(peer, msg.Assign(**at, **ranks))
+        relayed.send()
+        if old is None and len(gen.ranks) >= LARGE_JOB_RANKS:
+            collect_for_a_large_job()
         for wid in a.leaving:
             send(self.workers.get(wid), msg.Leave(reason=f"left in generation {gen.number}: {gen.cause}"))
         if gen.boundary_step is None and old is not None:

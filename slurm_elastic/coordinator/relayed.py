@@ -6,21 +6,22 @@ per node and interval. The coordinator's pulse goes to the relay, once for all i
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Container
+from typing import Any
 
 from slurm_elastic.coordinator.peers import PeerWriter
+from slurm_elastic.decide.membership import Generation
 from slurm_elastic.errors import InvalidMessage, ProtocolError
 from slurm_elastic.events import EventLog
 from slurm_elastic.eventtypes import MessageDropped
 from slurm_elastic.wire import messages as msg
 from slurm_elastic.wire.channel import decode_body, encode_frame, read_message
 
-__all__ = ["RelayedWriter", "serve_relay", "upstream_of"]
+__all__ = ["NodeAssigns", "RelayedWriter", "serve_relay"]
 
 Writer = asyncio.StreamWriter
 ServeWorker = Callable[[msg.Register, asyncio.StreamReader, "RelayedWriter"], Awaitable[None]]
-OnBeat = Callable[[msg.Beat, float], None]
+OnBeats = Callable[[list[msg.Beat], Container[str]], None]
 
 
 class RelayedWriter:
@@ -44,9 +45,37 @@ class RelayedWriter:
         self._closed = True
 
 
-def upstream_of(writer: PeerWriter) -> PeerWriter:
-    """The connection a peer's frames travel on: its own, or its node's relay's."""
-    return writer.relay if isinstance(writer, RelayedWriter) else writer
+class NodeAssigns:
+    """A generation's Assigns to relayed workers, one `Assigns` per relay (and, for newcomers, one `Roster` of
+    the whole ranks, encoded once), instead of a frame per worker: at 32,768 ranks a change cost the
+    coordinator 32,768 encodings; now one per node."""
+
+    def __init__(self, gen: Generation, change: dict[str, Any] | None) -> None:
+        self.gen, self.change = gen, change  # the change since the previous generation, where there is one
+        self._whole: dict[int, tuple[Writer, list[tuple[str, int]]]] = {}
+        self._changed: dict[int, tuple[Writer, list[tuple[str, int]]]] = {}
+
+    def add(self, writer: PeerWriter, worker: str, rank: int, whole: bool) -> bool:
+        """Take `worker`'s Assign if it is relayed (True); a direct worker gets its own (False)."""
+        if not isinstance(writer, RelayedWriter):
+            return False
+        if not writer.is_closing():
+            batch = self._whole if whole else self._changed
+            batch.setdefault(id(writer.relay), (writer.relay, []))[1].append((worker, rank))
+        return True
+
+    def send(self) -> None:
+        gen, at = (
+            self.gen,
+            {"generation": self.gen.number, "boundary_step": self.gen.boundary_step, "cause": self.gen.cause},
+        )
+        if self._whole:
+            roster = encode_frame(msg.Roster(generation=gen.number, ranks=list(gen.ranks)))
+            for relay, members in self._whole.values():
+                relay.write(roster)
+                relay.write(encode_frame(msg.Assigns(**at, members=members)))
+        for relay, members in self._changed.values():
+            relay.write(encode_frame(msg.Assigns(**at, members=members, **(self.change or {}))))
 
 
 async def serve_relay(
@@ -54,11 +83,11 @@ async def serve_relay(
     reader: asyncio.StreamReader,
     writer: Writer,
     serve_worker: ServeWorker,
-    on_beat: OnBeat,
+    on_beats: OnBeats,
     events: EventLog,
 ) -> None:
     """Serve one relay's connection until it ends; then each of its workers' ends as a closed connection."""
-    relay = _Relay(writer, serve_worker, on_beat, events)
+    relay = _Relay(writer, serve_worker, on_beats, events)
     message: msg.Message | None = first
     try:
         while True:
@@ -74,8 +103,8 @@ async def serve_relay(
 
 
 class _Relay:
-    def __init__(self, writer: Writer, serve_worker: ServeWorker, on_beat: OnBeat, events: EventLog) -> None:
-        self.writer, self.serve_worker, self.on_beat, self.events = writer, serve_worker, on_beat, events
+    def __init__(self, writer: Writer, serve_worker: ServeWorker, on_beats: OnBeats, events: EventLog) -> None:
+        self.writer, self.serve_worker, self.on_beats, self.events = writer, serve_worker, on_beats, events
         self.readers: dict[str, asyncio.StreamReader] = {}
         self.tasks: set[asyncio.Task[None]] = set()
 
@@ -84,10 +113,7 @@ class _Relay:
             case msg.Relayed():
                 self._relayed(message.worker, message.frame)
             case msg.Beats():
-                now = time.monotonic()
-                for beat in message.beats:
-                    if beat.worker in self.readers:  # a relay speaks for its own workers only
-                        self.on_beat(beat, now)
+                self.on_beats(message.beats, self.readers)  # a relay speaks for its own workers only
             case msg.RelayClosed():
                 if (reader := self.readers.pop(message.worker, None)) is not None:
                     reader.feed_eof()

@@ -15,7 +15,7 @@ import asyncio
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from typing import Any
 
 from slurm_elastic.coordinator.config import CoordinatorConfig
@@ -151,7 +151,9 @@ class Coordinator:
     def _on_worker_message(self, wid: str, peer: Peer, message: msg.Message) -> None:
         match message:
             case msg.Heartbeat():
-                self._on_heartbeat(wid, peer, message)
+                peer.generation = message.generation
+                if (message.step, message.phase) != (peer.step, peer.phase):
+                    self._moved(wid, peer, message.step, message.phase)
             case msg.Committed():
                 self.record.commit(message)
             case msg.AtBoundary():
@@ -182,21 +184,29 @@ class Coordinator:
             case _:
                 raise ProtocolError(f"unexpected {message.type!r} from worker {wid}")
 
-    def _on_heartbeat(self, wid: str, peer: Peer, beat: msg.Heartbeat | msg.Beat) -> None:
-        peer.generation = beat.generation
-        if (beat.step, beat.phase) != (peer.step, peer.phase):
-            peer.step, peer.phase, peer.phase_since = beat.step, beat.phase, time.monotonic()
-            if self.state.ended:
-                self._check_went_on(wid, peer)
+    def _moved(self, wid: str, peer: Peer, step: int, phase: msg.Phase) -> None:
+        """A worker's heartbeat shows it at a new step or phase."""
+        peer.step, peer.phase, peer.phase_since = step, phase, time.monotonic()
+        if self.state.ended:
+            self._check_went_on(wid, peer)
 
     async def serve_relay(self, first: msg.Message, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """A node's control relay: its workers, each served as `serve_worker` serves a direct one."""
-        await serve_relay(first, reader, writer, self.serve_worker, self._on_beat, self.events)
+        self.driver.relays.add(writer)
+        try:
+            await serve_relay(first, reader, writer, self.serve_worker, self._on_beats, self.events)
+        finally:
+            self.driver.relays.discard(writer)
 
-    def _on_beat(self, beat: msg.Beat, now: float) -> None:
-        if (peer := self.workers.get(beat.worker)) is not None:
-            peer.last_seen = now
-            self._handle(self._on_heartbeat, beat.worker, peer, beat)
+    def _on_beats(self, beats: list[msg.Beat], relayed: Container[str]) -> None:
+        """A relay's frame of its workers' heartbeats: thousands a second at scale, so the common case (alive,
+        nothing new) costs a lookup and two stores."""
+        now = time.monotonic()
+        for wid, generation, step, phase in beats:
+            if wid in relayed and (peer := self.workers.get(wid)) is not None:
+                peer.last_seen, peer.generation = now, generation
+                if (step, phase) != (peer.step, peer.phase):
+                    self._handle(self._moved, wid, peer, step, phase)
 
     def _check_went_on(self, wid: str, peer: Peer) -> None:
         """A member whose heartbeat shows it past the step where another member's loop ended."""

@@ -9,7 +9,6 @@ from typing import Any
 
 from slurm_elastic.coordinator.config import CoordinatorConfig
 from slurm_elastic.coordinator.peers import PublicView
-from slurm_elastic.coordinator.relayed import upstream_of
 from slurm_elastic.coordinator.server import Coordinator
 from slurm_elastic.wire import messages as msg
 
@@ -92,7 +91,8 @@ class CoordinatorThread:
             coord.connections.close()
             for peer in (*coord.workers.values(), *coord.agents.values()):
                 peer.writer.close()
-                upstream_of(peer.writer).close()  # a node relay's connection too
+            for relay in coord.driver.relays:
+                relay.close()
             coord.store.close()
             coord.report_refusals()  # the last interval's, not left unsaid
 

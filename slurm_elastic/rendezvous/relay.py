@@ -19,6 +19,7 @@ connection proves decides which relay serves it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import itertools
 import secrets
@@ -33,12 +34,13 @@ from slurm_elastic.wire.channel import (
     UNIX_PREFIX,
     HandshakeGate,
     accept_handshake,
+    encode_frame,
     open_peer,
     read_message,
     unix_path,
     write_message,
 )
-from slurm_elastic.wire.messages import StoreReply, StoreRequest
+from slurm_elastic.wire.messages import Pulse, StoreReply, StoreRequest
 
 __all__ = ["RelayThread", "StoreRelay", "Upstream"]
 
@@ -206,6 +208,16 @@ class RelayThread:
             pass  # the worker went, or the coordinator cannot be reached: the worker's side says so
         finally:
             writer.close()
+
+    def pulse(self, pulse: Pulse) -> None:
+        """Hand the coordinator's pulse, which came to the agent, to every worker of the control relay."""
+        if self._control and self._thread.is_alive():
+            with contextlib.suppress(RuntimeError):  # the relay stopped meanwhile (its loop closed)
+                self._loop.call_soon_threadsafe(self._pulse, encode_frame(pulse))
+
+    def _pulse(self, frame: bytes) -> None:
+        if self.control is not None:
+            self.control.pulse(frame)
 
     def _run(self) -> None:
         asyncio.set_event_loop(self._loop)

@@ -33,7 +33,6 @@ from pydantic import BaseModel
 from slurm_elastic.wire.channel import encode_frame, open_peer
 from slurm_elastic.wire.messages import (
     AtBoundary,
-    Beat,
     Beats,
     Committed,
     DrainRequest,
@@ -82,6 +81,7 @@ class SimNode:
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     silent: bool = False
     closed_at: float | None = None  # when the coordinator closed its agent's connection
+    roster: list[str] = field(default_factory=list)  # the whole ranks of the latest generation sent whole
 
     def relayed(self, worker: str, message: BaseModel) -> bytes:
         return encode_frame(Relayed(worker=worker, frame=message.model_dump_json()))
@@ -111,7 +111,7 @@ class Swarm:
     # --- peers ----------------------------------------------------------------------------------------
 
     async def add_node(self, name: str) -> None:
-        node = self.nodes[name] = SimNode(name)
+        node = SimNode(name)
         reader, writer = await open_peer(self.args.address, self.secret, self.args.job, "agent")
         register = RegisterNode(node=name, host=name, nproc=self.args.workers, pid=os.getpid(), slurm_job_id="1")
         writer.write(encode_frame(register))
@@ -119,6 +119,7 @@ class Swarm:
         reader, writer = await open_peer(self.args.address, self.secret, self.args.job, "relay")
         relay = Connection(node, reader, writer)
         node.connections = [agent, relay]
+        self.nodes[name] = node  # the stepper sees it from now on
         for local in range(self.args.workers):
             wid = f"{name}-{local}"
             node.workers[wid] = SimWorker(wid)
@@ -144,11 +145,7 @@ class Swarm:
         agent, relay = node.connections
         while not agent.writer.is_closing():
             self.sent += agent.send(encode_frame(Heartbeat(generation=0, step=-1, phase="init")))
-            beats = [
-                Beat(worker=w.name, generation=w.generation, step=w.step, phase="compute")
-                for w in node.workers.values()
-                if not w.closed
-            ]
+            beats = [(w.name, w.generation, w.step, "compute") for w in node.workers.values() if not w.closed]
             if beats:
                 self.sent += relay.send(encode_frame(Beats(beats=beats)))
             await asyncio.sleep(self.heartbeat_s)
@@ -165,6 +162,13 @@ class Swarm:
                         break
                 elif message["type"] == "relayed":
                     self._on_message(node, node.workers[message["worker"]], json.loads(message["frame"]))
+                elif message["type"] == "roster":
+                    node.roster = message["ranks"]
+                elif message["type"] == "assigns":
+                    whole = {"ranks": node.roster} if message["since"] is None else {}
+                    assign = {**message, "type": "assign", **whole}
+                    for worker, rank in message["members"]:
+                        self._on_assign(node.workers[worker], {**assign, "rank": rank})
                 elif message["type"] == "relay_closed":
                     self._leave(node, node.workers[message["worker"]])
         except (asyncio.IncompleteReadError, ConnectionError):

@@ -261,20 +261,39 @@ class Relayed(_Msg):
     frame: str
 
 
-class Beat(_Msg):
-    """One worker's latest heartbeat."""
-
-    worker: WorkerId
-    generation: int = Field(ge=0)
-    step: int = Field(ge=-1)
-    phase: Phase
+Beat = tuple[WorkerId, Annotated[int, Field(ge=0)], Annotated[int, Field(ge=-1)], Phase]  # generation, step, phase
 
 
 class Beats(_Msg):
-    """Relay -> coordinator: its workers' latest heartbeats, together, once an interval."""
+    """Relay -> coordinator: its workers' latest heartbeats, together, once an interval: (worker, generation,
+    step, phase) each, plain tuples (thousands a second at the coordinator: no model for each)."""
 
     type: Literal["beats"] = "beats"
     beats: list[Beat] = Field(max_length=1024)
+
+
+class Roster(_Msg):
+    """Coordinator -> relay: generation `generation`'s whole ranks, once per node (a whole list per worker
+    would cost the coordinator N^2 bytes: 13 GB at 32,768 ranks). Its `Assigns` follows."""
+
+    type: Literal["roster"] = "roster"
+    generation: int = Field(ge=1)
+    ranks: list[WorkerId]
+
+
+class Assigns(_Msg):
+    """Coordinator -> relay: the Assign that each of `members` (worker, rank) is to receive from the relay,
+    one message per node and generation: with the roster's whole ranks (`since` None), or as the change
+    since generation `since` (`left`, `joined`), which each worker resolves itself."""
+
+    type: Literal["assigns"] = "assigns"
+    generation: int = Field(ge=1)
+    members: list[tuple[WorkerId, Annotated[int, Field(ge=0)]]]
+    since: int | None = Field(default=None, ge=1)
+    left: list[WorkerId] = Field(default_factory=list)
+    joined: list[WorkerId] = Field(default_factory=list)
+    boundary_step: int | None
+    cause: str
 
 
 class RelayClosed(_Msg):
@@ -460,6 +479,8 @@ Message = Annotated[
     | Stop
     | Relayed
     | Beats
+    | Roster
+    | Assigns
     | RelayClosed
     | RegisterNode
     | WorkerExited

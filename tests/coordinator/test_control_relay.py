@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from slurm_elastic.coordinator import CoordinatorConfig, CoordinatorThread
-from slurm_elastic.coordinator.relayed import upstream_of
+from slurm_elastic.coordinator.relayed import RelayedWriter
 from slurm_elastic.rendezvous.relay import RelayThread
 from slurm_elastic.wire import channel as ch
 from slurm_elastic.wire import messages as msg
@@ -76,7 +76,11 @@ def next_of(worker: ch.Channel, kind: type[msg.Message], seconds: float = 10.0) 
 
 
 def connections_of_workers(thread: CoordinatorThread) -> int:
-    return thread.call(lambda: len({id(upstream_of(p.writer)) for p in thread.coordinator.workers.values()}))
+    def connections() -> int:
+        writers = [p.writer for p in thread.coordinator.workers.values()]
+        return len({id(w.relay) if isinstance(w, RelayedWriter) else id(w) for w in writers})
+
+    return int(thread.call(connections))
 
 
 NAMES = ["n1:0:0", "n1:1:0", "n1:2:0"]
@@ -93,8 +97,9 @@ def test_a_nodes_workers_form_a_generation_over_one_connection(coordinator: Coor
             ranks.add(assign.rank)
         assert ranks == {0, 1, 2}
         assert connections_of_workers(coordinator) == 1
+        relay.pulse(msg.Pulse(generation=1))  # the node's pulse, as its agent hands it on
         for worker in (a, b, c):
-            assert isinstance(next_of(worker, msg.Pulse), msg.Pulse)  # the node's pulse, handed to each
+            assert isinstance(next_of(worker, msg.Pulse), msg.Pulse)
         for step, worker in enumerate((a, b, c), start=5):
             worker.send(msg.Heartbeat(generation=1, step=step, phase="compute"))
         steps = lambda: {m.worker_id: m.step for m in coordinator.status().members}  # noqa: E731
@@ -130,8 +135,7 @@ def test_a_lost_relay_loses_its_workers_and_a_lost_coordinator_closes_them(coord
                 while True:
                     worker.recv(timeout=10)
     with node_relay(coordinator) as relay, workers(relay.address, secret, ["n2:0:0"]) as (d,):
-        next_of(d, msg.Pulse)
-        coordinator.stop()
+        coordinator.stop()  # d is registered (workers() waited for it)
         with pytest.raises((ConnectionError, OSError)):
             while True:
                 d.recv(timeout=10)
@@ -144,7 +148,7 @@ def test_a_relay_speaks_for_its_own_workers_only(coordinator: CoordinatorThread)
         try:
             # Someone else's worker: its heartbeat is not taken, and a first frame that is no registration
             # is refused (that worker's connection closed), the relay's connection kept.
-            stranger.send(msg.Beats(beats=[msg.Beat(worker="n1:0:0", generation=0, step=99, phase="compute")]))
+            stranger.send(msg.Beats(beats=[("n1:0:0", 0, 99, "compute")]))
             heartbeat = msg.Heartbeat(generation=0, step=1, phase="compute").model_dump_json()
             stranger.send(msg.Relayed(worker="n9:0:0", frame=heartbeat))
             closed = stranger.recv(timeout=10)
@@ -160,3 +164,20 @@ def test_a_relay_speaks_for_its_own_workers_only(coordinator: CoordinatorThread)
             assert len(dropped) == 2 and all("relay" in str(e.get("sender")) for e in dropped), dropped
         finally:
             stranger.close()
+
+
+def test_direct_and_relayed_workers_share_one_generation(coordinator: CoordinatorThread) -> None:
+    """The relayed newcomers' whole ranks come once per node (a roster) and the direct one's in its own
+    Assign: every member resolves the same ranks."""
+    secret = coordinator.coordinator.config.secret
+    with (
+        node_relay(coordinator) as relay,
+        workers(relay.address, secret, NAMES[:2]) as relayed,
+        workers(coordinator.address, secret, ["n2:0:0"]) as direct,
+    ):
+        assigns = [next_of(worker, msg.Assign) for worker in (*relayed, *direct)]
+        assert all(isinstance(a, msg.Assign) for a in assigns)
+        ranks = {tuple(a.ranks) for a in assigns if isinstance(a, msg.Assign)}
+        assert len(ranks) == 1 and sorted(next(iter(ranks))) == sorted([*NAMES[:2], "n2:0:0"])
+        assert sorted(a.rank for a in assigns if isinstance(a, msg.Assign)) == [0, 1, 2]
+        assert connections_of_workers(coordinator) == 2

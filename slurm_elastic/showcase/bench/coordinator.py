@@ -190,7 +190,7 @@ def _allow_connections(count: int) -> None:
 
 
 def run(plan: CoordinatorPlan, log: Callable[[str], None]) -> dict[str, Any]:
-    _allow_connections(plan.agents * (plan.workers + 1) + 1024)
+    _allow_connections(2 * plan.agents + 1024)  # each node: its agent's connection and its relay's
     secret, rss_idle = new_secret(), _rss_mb()
     with tempfile.TemporaryDirectory(prefix="bench-coordinator-") as job_dir:
         config = CoordinatorConfig(
