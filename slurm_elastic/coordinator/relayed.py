@@ -1,7 +1,7 @@
 """A node's control relay, at the coordinator: the node's workers come over its agent's relay (controlrelay),
 all on one connection. Each is served as a direct worker is (`serve_worker`), from a reader fed with its
 frames and a writer that wraps what the coordinator writes to it; their heartbeats come together, one frame
-per node and interval. The coordinator's pulse goes to the relay, once for all its workers."""
+per node and interval, and a generation's assignments go to them together, one `Assigns` per node."""
 
 from __future__ import annotations
 
@@ -65,10 +65,8 @@ class NodeAssigns:
         return True
 
     def send(self) -> None:
-        gen, at = (
-            self.gen,
-            {"generation": self.gen.number, "boundary_step": self.gen.boundary_step, "cause": self.gen.cause},
-        )
+        gen = self.gen
+        at = {"generation": gen.number, "boundary_step": gen.boundary_step, "cause": gen.cause}
         if self._whole:
             roster = encode_frame(msg.Roster(generation=gen.number, ranks=list(gen.ranks)))
             for relay, members in self._whole.values():
