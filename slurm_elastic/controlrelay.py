@@ -42,6 +42,7 @@ class ControlRelay:
         self.coordinator, self._secret, self.job_id, self.beat_s = coordinator, secret, job_id, beat_s
         self.upstream: _Upstream | None = None
         self.workers: dict[str, asyncio.StreamWriter] = {}
+        self._answered: set[str] = set()  # workers whose registration the coordinator answered: pulses go to them
         self._beats: dict[str, msg.Beat] = {}
         self._opening = asyncio.Lock()
         self._tasks: list[asyncio.Task[None]] = []
@@ -66,6 +67,7 @@ class ControlRelay:
             if self.workers.get(wid) is writer:
                 del self.workers[wid]
                 self._beats.pop(wid, None)
+                self._answered.discard(wid)
                 if not up.writer.is_closing():
                     self._up(up, msg.RelayClosed(worker=wid))
 
@@ -114,6 +116,7 @@ class ControlRelay:
                         if (writer := self.workers.get(message.worker)) is not None:
                             body = message.frame.encode()
                             writer.write(len(body).to_bytes(4, "big") + body)
+                            self._answered.add(message.worker)  # the first is its registration's answer
                     case msg.RelayClosed():
                         if (writer := self.workers.get(message.worker)) is not None:
                             writer.close()
@@ -134,9 +137,11 @@ class ControlRelay:
                 writer.close()
 
     def pulse(self, frame: bytes) -> None:
-        """The coordinator's pulse (it comes to the node's agent, which hands it on): to every worker."""
-        for writer in self.workers.values():
-            writer.write(frame)
+        """The coordinator's pulse (it comes to the node's agent, which hands it on): to every worker whose
+        registration was answered; before that, a worker waits for the answer, and the answer alone."""
+        for wid in self._answered:
+            if (writer := self.workers.get(wid)) is not None:
+                writer.write(frame)
 
     def _assign(self, a: msg.Assigns, roster: msg.Roster | None) -> None:
         """Each member's Assign: with the whole ranks of the roster that came before, or as the change."""

@@ -5,7 +5,9 @@ for its own workers only. Every coordinator, relay and connection is stopped by 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import threading
 import time
 from collections.abc import Callable, Iterator
 
@@ -181,3 +183,44 @@ def test_direct_and_relayed_workers_share_one_generation(coordinator: Coordinato
         assert len(ranks) == 1 and sorted(next(iter(ranks))) == sorted([*NAMES[:2], "n2:0:0"])
         assert sorted(a.rank for a in assigns if isinstance(a, msg.Assign)) == [0, 1, 2]
         assert connections_of_workers(coordinator) == 2
+
+
+def test_a_worker_hears_its_registrations_answer_before_any_pulse() -> None:
+    """The pulse comes through the node's agent, beside the coordinator's connection: a worker still waiting
+    for its registration's answer must get the answer first (a pulse there failed its registration)."""
+    secret, got_register, answer = ch.new_secret(), threading.Event(), threading.Event()
+    loop = asyncio.new_event_loop()
+
+    async def coordinator(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        assert await ch.accept_handshake(reader, writer, secret=secret, job_id=JOB) == "relay"
+        first = await ch.read_message(reader)
+        assert isinstance(first, msg.Relayed) and first.worker == "n1:0:0"
+        got_register.set()
+        await loop.run_in_executor(None, answer.wait)
+        settings = msg.WorkerSettings(heartbeat_interval_s=1.0, pg_timeout_s=60.0, backend="gloo", store_prefix="s")
+        registered = msg.Registered(settings=settings)
+        ch.write_message(writer, msg.Relayed(worker="n1:0:0", frame=registered.model_dump_json()))
+        await writer.drain()
+        await reader.read()  # until the relay goes
+
+    server = loop.run_until_complete(asyncio.start_server(coordinator, "127.0.0.1", 0))
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    address = f"127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    relay = RelayThread(address, secret, JOB, control=True, beat_s=HEARTBEAT_S).start()
+    worker = ch.connect(relay.address, secret=secret, job_id=JOB, role="worker", timeout=5)
+    try:
+        worker.send(msg.Register(worker_id="n1:0:0", node="n1", local_rank=0, pid=1, committed_step=-1))
+        assert got_register.wait(10)
+        relay.pulse(msg.Pulse(generation=0))  # the agent's, before the coordinator answered
+        answer.set()
+        assert isinstance(worker.recv(timeout=10), msg.Registered)
+        relay.pulse(msg.Pulse(generation=0))
+        assert isinstance(worker.recv(timeout=10), msg.Pulse)  # once answered, the pulses come
+    finally:
+        worker.close()
+        relay.stop()
+        loop.call_soon_threadsafe(server.close)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=5)
+        loop.close()
