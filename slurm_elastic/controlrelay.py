@@ -21,7 +21,7 @@ from slurm_elastic.agentspec import HEARTBEAT_INTERVAL_S
 from slurm_elastic.errors import InvalidMessage, ProtocolError
 from slurm_elastic.logs import get_logger
 from slurm_elastic.wire import messages as msg
-from slurm_elastic.wire.channel import MAX_FRAME, decode_body, encode_frame, open_peer, read_message
+from slurm_elastic.wire.channel import decode_body, encode_frame, frame_of, open_peer, read_body, read_message
 
 __all__ = ["ControlRelay"]
 
@@ -60,7 +60,7 @@ class ControlRelay:
         try:
             self._up(up, msg.Relayed(worker=wid, frame=register.model_dump_json()))
             while not up.writer.is_closing():
-                body = await _read_body(reader)
+                body = await read_body(reader)
                 self._from_worker(up, wid, body)
                 await up.writer.drain()  # the coordinator reads slower than the node writes: wait
         finally:
@@ -114,8 +114,7 @@ class ControlRelay:
                 match message:
                     case msg.Relayed():
                         if (writer := self.workers.get(message.worker)) is not None:
-                            body = message.frame.encode()
-                            writer.write(len(body).to_bytes(4, "big") + body)
+                            writer.write(frame_of(message.frame.encode()))
                             self._answered.add(message.worker)  # the first is its registration's answer
                     case msg.RelayClosed():
                         if (writer := self.workers.get(message.worker)) is not None:
@@ -160,10 +159,3 @@ class ControlRelay:
             self.upstream.writer.close()
         for task in self._tasks:
             task.cancel()
-
-
-async def _read_body(reader: asyncio.StreamReader) -> bytes:
-    length = int.from_bytes(await reader.readexactly(4), "big")
-    if length > MAX_FRAME:
-        raise ProtocolError(f"frame of {length} bytes exceeds the limit of {MAX_FRAME}")
-    return await reader.readexactly(length)

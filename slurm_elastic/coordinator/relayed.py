@@ -15,7 +15,7 @@ from slurm_elastic.errors import InvalidMessage, ProtocolError
 from slurm_elastic.events import EventLog
 from slurm_elastic.eventtypes import MessageDropped
 from slurm_elastic.wire import messages as msg
-from slurm_elastic.wire.channel import decode_body, encode_frame, read_message
+from slurm_elastic.wire.channel import decode_body, encode_frame, frame_of, read_message
 
 __all__ = ["NodeAssigns", "RelayedWriter", "serve_relay"]
 
@@ -121,7 +121,7 @@ class _Relay:
     def _relayed(self, worker: str, frame: str) -> None:
         body = frame.encode()
         if (reader := self.readers.get(worker)) is not None:
-            reader.feed_data(len(body).to_bytes(4, "big") + body)
+            reader.feed_data(frame_of(body))
             return
         try:  # a worker's first frame: its registration, under the name the relay gave it
             register = decode_body(body)

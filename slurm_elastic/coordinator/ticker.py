@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Iterator
 
 from slurm_elastic.coordinator.config import CoordinatorConfig
 from slurm_elastic.coordinator.driver import Driver, send
@@ -141,25 +142,18 @@ class Ticker:
         agents = [
             Liveness(n, p.last_seen, 0, "agent", p.last_seen) for n, p in self.agents.items() if p.last_seen < lease_cut
         ]
-        # One pass that allocates nothing per member (a list of 16,384 pairs twice a second fed the garbage
-        # collector enough young objects for a full collection, half a second at that size, every few
-        # scans); a second one only where a member may be hung.
-        members: list[Liveness] = []
-        hung = False
-        for w in state.members:  # in rank order, as before: who is evicted first decides the next generation
-            if (p := self.workers.get(w)) is None or w in state.ended:
-                continue
-            hung = hung or (p.phase == "compute" and p.phase_since < hang_cut)
-            if p.last_seen < lease_cut:
-                members.append(Liveness(w, p.last_seen, p.step, p.phase, p.phase_since))
-        if hung:
-            members = [
-                Liveness(w, p.last_seen, p.step, p.phase, p.phase_since)
-                for w in state.members
-                if (p := self.workers.get(w)) is not None
-                and w not in state.ended
-                and (p.last_seen < lease_cut or p.phase in ("compute", "allreduce"))
-            ]
+
+        def live() -> Iterator[tuple[str, Peer]]:
+            # Generated, never listed: a list of 16,384 pairs twice a second kept enough young objects alive
+            # to set off full collections of the heap (half a second each at that size).
+            return ((w, p) for w in state.members if (p := self.workers.get(w)) is not None and w not in state.ended)
+
+        hung = any(p.phase == "compute" and p.phase_since < hang_cut for _, p in live())
+        members = [
+            Liveness(w, p.last_seen, p.step, p.phase, p.phase_since)
+            for w, p in live()  # in rank order, as before: who is evicted first decides the next generation
+            if p.last_seen < lease_cut or (hung and p.phase in ("compute", "allreduce"))
+        ]
         return agents, members
 
     def _peers(self) -> tuple[Peer, ...]:

@@ -66,6 +66,11 @@ def encode_frame(msg: BaseModel) -> bytes:
     body = msg.model_dump_json().encode()
     if len(body) > MAX_FRAME:
         raise ProtocolError(f"message {type(msg).__name__} is {len(body)} bytes; the limit is {MAX_FRAME}")
+    return frame_of(body)
+
+
+def frame_of(body: bytes) -> bytes:
+    """A frame of one message's JSON `body` (a relay hands on a message it carries without re-encoding it)."""
     return _HEADER.pack(len(body)) + body
 
 
@@ -262,10 +267,14 @@ def request(address: str, msg: BaseModel, *, secret: str, job_id: str, timeout: 
 # --- asyncio side: the coordinator ------------------------------------------------------------------
 
 
+async def read_body(reader: asyncio.StreamReader, max_frame: int | None = None) -> bytes:
+    """The next frame's body, not yet decoded (a relay decides from it what to hand on)."""
+    (length,) = _HEADER.unpack(await reader.readexactly(_HEADER.size))
+    return await reader.readexactly(_check_length(length, max_frame))
+
+
 async def read_message(reader: asyncio.StreamReader, max_frame: int | None = None) -> Message:
-    header = await reader.readexactly(_HEADER.size)
-    (length,) = _HEADER.unpack(header)
-    return decode_body(await reader.readexactly(_check_length(length, max_frame)))
+    return decode_body(await read_body(reader, max_frame))
 
 
 class FrameSink(Protocol):
