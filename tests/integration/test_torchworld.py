@@ -35,6 +35,10 @@ def command(save: Path, gates: str = "") -> list[str]:
     return [sys.executable, str(SCRIPT), "--steps", str(STEPS), "--save", str(save), "--gates", gates]
 
 
+def logs(out: Path) -> str:
+    return "".join(p.read_text() for p in (out / "logs").glob("*.log"))
+
+
 def kill_join(out: Path, argv: Callable[[str], list[str]], *, kill_at: int, join_at: int, node: str) -> None:
     """Run `argv(gates)` on 3 nodes: `node` killed while every rank waits before step `kill_at` (between
     steps, so never inside the script's own collective), a new node joining before step `join_at`."""
@@ -42,7 +46,9 @@ def kill_join(out: Path, argv: Callable[[str], list[str]], *, kill_at: int, join
     job = LocalJob(argv(f"{kill_at}:{kill},{join_at}:{join}"), config(out, 3), log_dir=out / "logs", root=out)
     job.start()
     try:
-        job.wait_until(lambda v: v.last_step >= kill_at - 1, timeout=180)
+        # Every rank at the gate, past the script's own collectives of the step before (a commit is seen
+        # before its on_step hooks have run).
+        job.wait_until(lambda v: logs(out).count(f"at gate {kill_at}\n") == 3, timeout=180)
         job.kill_node(node)
         job.wait_until(lambda v: v.world == 2, timeout=60)
         kill.touch()
@@ -69,15 +75,14 @@ def test_the_default_group_follows_a_kill_and_a_join_and_the_scripts_own_checkpo
     out = tmp_path / "kill-join"
     kill_join(out, lambda gates: command(out / "own.pt", gates), kill_at=8, join_at=12, node="local2")
 
-    logs = "".join(p.read_text() for p in (out / "logs").glob("*.log"))
-    lines = [line.split() for line in logs.splitlines() if line.startswith("world ")]
+    lines = [line.split() for line in logs(out).splitlines() if line.startswith("world ")]
     worlds = set()
     for _, step, rank, world, dist_rank, dist_world, metric in lines:
         assert (rank, world) == (dist_rank, dist_world), f"step {step}: the job's {rank}/{world}, torch's"
         assert float(metric) == float(world), f"step {step}: the script's all_reduce summed over {metric} ranks"
         worlds.add(int(world))
     assert worlds == {2, 3}, "the default group was the generation's before the kill, after it, and after the join"
-    assert logs.count("after the loop: default group") == 3
+    assert logs(out).count("after the loop: default group") == 3
 
     got, want = torch.load(out / "own.pt"), torch.load(ref / "own.pt")
     assert got["step"] == want["step"] == STEPS
@@ -98,8 +103,7 @@ def test_an_fsdp2_scripts_own_dcp_checkpoint_is_written_after_a_kill_and_a_join(
 
     out = tmp_path / "fsdp"
     kill_join(out, lambda gates: fsdp_command(out, gates), kill_at=5, join_at=8, node="local3")
-    logs = "".join(p.read_text() for p in (out / "logs").glob("*.log"))
-    assert sorted(line for line in logs.splitlines() if line.startswith("saved by")) == [
+    assert sorted(line for line in logs(out).splitlines() if line.startswith("saved by")) == [
         "saved by rank 0 of 3", "saved by rank 1 of 3", "saved by rank 2 of 3",
     ]  # fmt: skip
     full = torch.load(out / "full.pt")

@@ -1,7 +1,7 @@
 """An FSDP2 script with its own DCP checkpointer, as the public FSDP2 examples write it: after the loop every
 rank calls DCP's `get_model_state_dict` and `dcp.save` (which ask torch.distributed's default group), and
 rank 0 also writes the full state dict (`full_tensor()` gathers) for comparison. `--gates STEP:FILE,...`
-makes every rank wait before step STEP until FILE exists."""
+makes every rank wait before step STEP until FILE exists (saying `at gate STEP`)."""
 
 import argparse
 import sys
@@ -39,6 +39,8 @@ def main() -> None:
     job = se.ElasticJob(model, optimizer, dataset=Sequences(512, seed=0), micro_batch=4, global_batch=24)
     for x, y in job.micro_batches(args.steps):
         for step, gate in gates:
+            if job.step + 1 >= step and not gate.exists():
+                print(f"at gate {step}", flush=True)  # out of every collective: a peer may die now
             while job.step + 1 >= step and not gate.exists():
                 time.sleep(0.02)
         job.backward(F.cross_entropy(model(x).flatten(0, 1), y.flatten()))

@@ -1,7 +1,8 @@
 """A script whose own helpers ask torch.distributed, as DDP scripts' utilities do: `dist.get_rank()` picks
 the rank that saves its own checkpoint (a plain `torch.save` of state dicts), `dist.all_reduce` sums a
 metric of its own, and `dist.get_world_size()` is checked against the job's, at every step, through a kill
-and a join. With `--gates STEP:FILE,...`, every rank waits before step STEP until FILE exists.
+and a join. With `--gates STEP:FILE,...`, every rank waits before step STEP until FILE exists (saying
+`at gate STEP`).
 
 It prints one line per step, `world STEP RANK WORLD DIST_RANK DIST_WORLD METRIC`, and saves
 `{"model", "optimizer", "step"}` to `--save` every 5 steps and after the loop (from rank 0 by
@@ -51,6 +52,8 @@ def main() -> None:
 
     for x, y in job.micro_batches(args.steps):
         for step, gate in gates:
+            if job.step + 1 >= step and not gate.exists():
+                print(f"at gate {step}", flush=True)  # out of every collective: a peer may die now
             while job.step + 1 >= step and not gate.exists():
                 time.sleep(0.02)
         job.backward(F.mse_loss(model(x), y))

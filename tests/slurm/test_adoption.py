@@ -88,7 +88,7 @@ def test_the_scripts_own_torch_distributed_calls_follow_a_node_death(
     command = [sys.executable, str(TORCHWORLD), "--steps", "12", "--save", str(root / "own.pt"), "--gates", f"6:{gate}"]
     job = submit_core(root, nodes="3", steps=12, pause=0, command=command)
     elastic_jobs.append(job)
-    job.wait("step 5", lambda: "world 5 " in job.output(), timeout=180)
+    job.wait("every rank at the gate", lambda: job.output().count("at gate 6\n") == 3, timeout=180)
     slurm_cluster.kill_node("n3")
     job.wait("the job to shrink", lambda: job.worlds()[-1:] == [2], timeout=60)
     gate.touch()
