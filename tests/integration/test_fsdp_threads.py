@@ -20,7 +20,7 @@ from torch.distributed.fsdp import fully_shard
 
 from slurm_elastic.decide.reshard import shard_rows
 from slurm_elastic.decide.shardlayout import plan_layout
-from slurm_elastic.errors import ConfigError
+from slurm_elastic.errors import ConfigError, UsageError
 from slurm_elastic.eventtypes import E, GenerationReady, JobFailed, StateLost, of_kind
 from slurm_elastic.faults import FaultPlan
 from slurm_elastic.ledger import analyze
@@ -375,6 +375,46 @@ def test_what_a_sharded_model_cannot_take_is_refused_by_name(tmp_path: Path) -> 
     (tmp_path / "partial" / "step-000000004" / "rank-00000").mkdir(parents=True)  # a save on one rank only
     with pytest.raises(CheckpointError, match=r"partial holds no complete sharded snapshot: .* on every rank"):
         job(resume_from=tmp_path / "partial").step  # noqa: B018  # the first use joins the job and loads
+
+
+@pytest.mark.parametrize("write", ["parameter", "moment", "dcp"])
+def test_state_written_between_steps_is_refused_by_name(tmp_path: Path, write: str) -> None:
+    # A script that loads its own checkpoint inside the loop changes the shards under the job: their mirrors
+    # would not follow, and a recovery would bring back what the load replaced. It is an error, at once.
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (
+        get_model_state_dict,
+        get_optimizer_state_dict,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    net = model()
+    opt = torch.optim.AdamW(net.parameters(), lr=0.01)
+    job = ElasticJob(
+        net, opt, dataset=DATA, global_batch=GLOBAL_BATCH, micro_batch=MICRO_BATCH, env=worker_env({}),
+        ports=Ports(process_hooks=False),
+    )  # fmt: skip
+    ran = []
+    with pytest.raises(UsageError, match=r"written between steps .* load before ElasticJob\(\.\.\.\)"):
+        for step in job.steps(STEPS):
+            ran.append(step.number)
+            for x, y in step.micro_batches():
+                step.backward(nn.functional.mse_loss(net(x), y))
+            if step.number < 2:
+                continue
+            with torch.no_grad():
+                if write == "parameter":
+                    next(net.parameters()).mul_(2)
+                elif write == "moment":
+                    next(iter(opt.state.values()))["exp_avg"].mul_(2)
+                else:  # the script's own checkpointer, saving and loading back in the loop
+                    state = {"model": get_model_state_dict(net), "optim": get_optimizer_state_dict(net, opt)}
+                    dcp.save(state, checkpoint_id=tmp_path / "own")
+                    dcp.load(state, checkpoint_id=tmp_path / "own")
+                    set_model_state_dict(net, state["model"])
+                    set_optimizer_state_dict(net, opt, state["optim"])
+    assert ran == [1, 2]  # written after step 1 had committed, before step 2 commits: never committed
 
 
 def test_a_snapshot_saved_by_every_rank_resumes_at_another_world_size(tmp_path: Path) -> None:

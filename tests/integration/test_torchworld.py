@@ -16,7 +16,7 @@ from slurm_elastic.config import JobConfig
 from slurm_elastic.events import read_events
 from slurm_elastic.eventtypes import MembershipChange, of_kind
 from slurm_elastic.launch.local import LocalJob
-from slurm_elastic.showcase.metrics import max_param_rel_diff
+from slurm_elastic.showcase.metrics import max_param_rel_diff, tolerance
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.timeout(300)]
 
@@ -37,6 +37,16 @@ def command(save: Path, gates: str = "") -> list[str]:
 
 def logs(out: Path) -> str:
     return "".join(p.read_text() for p in (out / "logs").glob("*.log"))
+
+
+def run(out: Path, argv: list[str], nodes: int) -> None:
+    job = LocalJob(argv, config(out, nodes), log_dir=out / "logs", root=out)
+    job.start()
+    try:
+        result = job.wait(timeout=240)
+    finally:
+        job.stop()
+    assert result.ok, f"{result.phase}: {result.reason}\n{result.failure_traceback or ''}"
 
 
 def kill_join(out: Path, argv: Callable[[str], list[str]], *, kill_at: int, join_at: int, node: str) -> None:
@@ -65,12 +75,7 @@ def kill_join(out: Path, argv: Callable[[str], list[str]], *, kill_at: int, join
 
 def test_the_default_group_follows_a_kill_and_a_join_and_the_scripts_own_checkpoint_matches(tmp_path: Path) -> None:
     ref = tmp_path / "reference"
-    job = LocalJob(command(ref / "own.pt"), config(ref, 3), log_dir=ref / "logs", root=ref)
-    job.start()
-    try:
-        assert job.wait(timeout=180).ok
-    finally:
-        job.stop()
+    run(ref, command(ref / "own.pt"), nodes=3)
 
     out = tmp_path / "kill-join"
     kill_join(out, lambda gates: command(out / "own.pt", gates), kill_at=8, join_at=12, node="local2")
@@ -92,13 +97,13 @@ def test_the_default_group_follows_a_kill_and_a_join_and_the_scripts_own_checkpo
 FSDP_SCRIPT = Path(__file__).with_name("torchworld_fsdp_script.py")
 
 
-def fsdp_command(out: Path, gates: str = "") -> list[str]:
-    args = ["--steps", "12", "--dcp", str(out / "dcp"), "--full", str(out / "full.pt"), "--gates", gates]
-    return [sys.executable, str(FSDP_SCRIPT), *args]
+def fsdp_command(out: Path, gates: str = "", *more: str, steps: int = 12) -> list[str]:
+    args = ["--steps", str(steps), "--dcp", str(out / "dcp"), "--full", str(out / "full.pt"), "--gates", gates]
+    return [sys.executable, str(FSDP_SCRIPT), *args, *more]
 
 
-@pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")  # the test's own no_dist load
-def test_an_fsdp2_scripts_own_dcp_checkpoint_is_written_after_a_kill_and_a_join(tmp_path: Path) -> None:
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")  # DCP loads in one process
+def test_an_fsdp2_scripts_own_dcp_checkpoint_is_written_after_a_kill_and_a_join_and_resumes(tmp_path: Path) -> None:
     import torch.distributed.checkpoint as dcp
 
     out = tmp_path / "fsdp"
@@ -110,3 +115,10 @@ def test_an_fsdp2_scripts_own_dcp_checkpoint_is_written_after_a_kill_and_a_join(
     loaded = {"model": {name: torch.zeros_like(t) for name, t in full.items()}}
     dcp.load(loaded, checkpoint_id=out / "dcp", no_dist=True)  # the shards of every rank, read back whole
     assert all(torch.equal(loaded["model"][name], full[name]) for name in full)
+
+    # The script resumes from its own checkpoint (model and AdamW moments), on 2 ranks, as an uninterrupted run.
+    resumed, reference = tmp_path / "resumed", tmp_path / "reference"
+    run(resumed, fsdp_command(resumed, "", "--load", str(out / "dcp"), "--start-step", "12", steps=18), nodes=2)
+    run(reference, fsdp_command(reference, steps=18), nodes=3)
+    got, want = torch.load(resumed / "full.pt"), torch.load(reference / "full.pt")
+    assert max_param_rel_diff(got, want) <= tolerance("float32", 18)

@@ -24,7 +24,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from slurm_elastic.decide.shardlayout import Layout
-from slurm_elastic.errors import ConfigError
+from slurm_elastic.errors import ConfigError, UsageError
 from slurm_elastic.worker.checkpoints import userstate
 from slurm_elastic.worker.checkpoints.state import from_json, to_json
 from slurm_elastic.worker.lossscale import LossScaling
@@ -103,6 +103,7 @@ class ShardedReplica:
         self.mirror_opt: torch.optim.Optimizer | None = None
         self.pending: Pending | None = None
         self.digests = (0, 0)  # own, mirror: taken when `step` was committed
+        self.sealed: list[tuple[int, int, int]] | None = None  # where each own tensor was then (`seal`)
         self.last_norm2, self.last_lr_factor = 0.0, 1.0
         self.collectives: StepCollectives | None = None
         self.mesh: GenerationMesh | None = None  # the generation's mesh the model is on (None: the script's own)
@@ -131,9 +132,13 @@ class ShardedReplica:
     def entries(self) -> list[Entry]:
         return entries(self.params, self.optimizer, self.keys)
 
-    def own(self, entry: Entry) -> torch.Tensor:
+    def held(self, entry: Entry) -> torch.Tensor:
+        """The parameter or optimizer state as the script sees it (a DTensor)."""
         param = self.params[entry.fqn].sharded_param
-        return local(param if entry.key == "param" else self.optimizer.state[param][entry.key])
+        return param if entry.key == "param" else cast(torch.Tensor, self.optimizer.state[param][entry.key])
+
+    def own(self, entry: Entry) -> torch.Tensor:
+        return local(self.held(entry))
 
     def mirrored(self, entry: Entry) -> torch.Tensor:
         param = self.mirror_params[entry.fqn]
@@ -155,6 +160,17 @@ class ShardedReplica:
         own = digest(self.own(e) for e in listed)
         mirror = digest(self.mirrored(e) for e in listed) if self.ward >= 0 and self.mirror_params else 0
         return own, mirror
+
+    def seal(self) -> None:
+        """The state held is the committed (or installed) one: take its digests, and note where each own
+        tensor lies and how often it was written, which the next step checks (`begin`)."""
+        self.digests = self.take_digests()
+        self.sealed = self._whereabouts()
+
+    def _whereabouts(self) -> list[tuple[int, int, int]]:
+        """Per own tensor: its storage, and the write counts of it and of its DTensor (an in-place op on a
+        DTensor counts on the DTensor only; the job's own optimizer steps write the local rows)."""
+        return [(local(t).data_ptr(), local(t)._version, t._version) for t in map(self.held, self.entries())]
 
     def self_check(self) -> tuple[bool, bool]:
         """Whether each copy is still what was committed (always true before the first commit)."""
@@ -213,6 +229,16 @@ class ShardedReplica:
 
     # --- one step -------------------------------------------------------------------------------------
 
+    def check_sealed(self) -> None:
+        """Refuse a step whose shards the script wrote since the last commit (a load of its own checkpoint
+        inside the loop): their mirrors would not follow, and a recovery would bring back what it replaced."""
+        if self.sealed is not None and self._whereabouts() != self.sealed:
+            raise UsageError(
+                "the sharded model or optimizer state was written between steps (a checkpoint loaded inside the "
+                "loop?): the job's second copy of each shard would not follow it; load before ElasticJob(...) "
+                "or pass resume_from="
+            )
+
     def begin(self, collectives: StepCollectives) -> None:
         self.collectives = collectives
         self.pending = None
@@ -250,9 +276,14 @@ class ShardedReplica:
         self.pending = None
         self.step, self.cursor, self.fresh = step, self.cursor + samples, False
         self.last_norm2, self.last_lr_factor = norm2, lr_factor
+        self.learn_keys()
+        self.seal()
+
+    def learn_keys(self) -> None:
+        """Which optimizer state is shaped like the parameters, once there is any: the first step makes it,
+        or the script loaded its own checkpoint's before the job formed."""
         if not any(self.keys.values()):
             self.keys = sharded_state_keys(self.model, self.optimizer)
-        self.digests = self.take_digests()
 
     def _optimizer_steps(self, pending: Pending, norm2: float, clip: float | None, lr_factor: float) -> None:
         coef = 1.0

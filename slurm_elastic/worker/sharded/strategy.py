@@ -4,7 +4,8 @@ mirror), and the step commits in two phases with the mirror (see `decide.heal`).
 
 Every rank runs the same number of forward and backward passes per step, because FSDP2's all-gathers and
 reduce-scatters are collectives: a rank with fewer micro-batches than its peers runs padding passes of
-weight zero (`decide.batching.lockstep`). After the last backward:
+weight zero (`decide.batching.lockstep`). After the last backward (the shards must be as the last commit
+left them: a write by the script in between, such as a load of its own checkpoint, is refused):
 
 1. each rank sends its gradient shard to the rank mirroring it, and receives its ward's ("prepared");
    with HSDP replica groups (`decide.shardlayout`) it instead sums its gradient shard over the ranks that hold
@@ -109,6 +110,7 @@ class ShardedStrategy:
         poison = held.collectives.poison
         if poison is not None:
             raise CollectiveFailed(poison)
+        held.check_sealed()
         own = held.grads()
         if held.replicas is not None and held.replicas.world > 1:
             _sum_over(held.replicas, own)  # HSDP: each replica group reduced its own micro-batches

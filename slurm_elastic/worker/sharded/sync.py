@@ -47,6 +47,7 @@ def node_of(worker_id: str) -> str:
 
 
 def _report(group: Group, replica: ShardedReplica) -> tuple[list[ShardReport], list[tuple[int, int]]]:
+    replica.learn_keys()  # the moments of an optimizer state the script loaded are held (and digested) too
     own_ok, mirror_ok = replica.self_check()
     digests = replica.take_digests() if replica.fresh else replica.digests  # fresh: the script's initial model
     pending = replica.pending
@@ -202,7 +203,7 @@ def _from_checkpoint(
     except (ElasticError, KeyError, TypeError, ValueError, AttributeError, RuntimeError) as exc:
         where = replica.checkpoint_dir / f"step-{step:09d}"
         raise CheckpointError(f"{where} does not fit this job's model or optimizer: {str(exc)[:300]}") from None
-    replica.digests = replica.take_digests()  # what the mirrors below are checked against if this is interrupted
+    replica.seal()  # what the mirrors below are checked against if this is interrupted
     moved = 0  # the mirrors' bytes: the shards themselves came from disk
     if wards is not None:
         holdings = [Holding(str(r), layout.shards, layout.index(r)) for r in range(group.world)]
@@ -212,7 +213,7 @@ def _from_checkpoint(
         rows, _, moved = _move(replica, group, entries, holdings, mirror_needs, mine, step)
         replica.set_mirror(wards[me], {(e.fqn, e.key): rows[("mirror", t)] for t, e in enumerate(entries)})
         replica.wards, replica.layout = wards, layout
-    replica.digests = replica.take_digests()
+    replica.seal()
     log.info("resumed_from_checkpoint", step=step, saved_world=world, world=group.world, rank=group.rank)
     reason = f"fresh start from the sharded checkpoint of step {step} (saved by {world} ranks)"
     return SyncResult(step, (), (), reason, moved, time.monotonic() - started)
@@ -258,7 +259,7 @@ def _install(
     replica.world, replica.index, replica.wards = layout.shards, layout.index(me), wards
     replica.layout, replica.shards, replica.replicas = layout, shards, replicas
     replica.pending = None
-    replica.digests = replica.take_digests()
+    replica.seal()
 
 
 __all__ = ["StateLost", "node_of", "synchronize_sharded"]
