@@ -163,7 +163,7 @@ class ShardedReplica:
 
     def seal(self) -> None:
         """The state held is the committed (or installed) one: take its digests, and note where each own
-        tensor lies and how often it was written, which the next step checks (`begin`)."""
+        tensor lies and how often it was written, which the next step checks (`check_sealed`)."""
         self.digests = self.take_digests()
         self.sealed = self._whereabouts()
 
