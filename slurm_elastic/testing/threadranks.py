@@ -13,8 +13,10 @@ and its group is abandoned, with nothing said first.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,6 +69,8 @@ class GroupFault:
     starts the collective; "die_after": it dies once the collective completed (its sum is done);
     "raise_after": the collective completed everywhere, but this rank sees it fail. `kind` counts only
     collectives of that kind ("allreduce", "all_gather", "reduce_scatter"; "any" counts them all).
+    Ranks told to die at the same collective die at once: each waits there until the others have started
+    it too, so that no death breaks a collective another of them has yet to finish.
     """
 
     worker: str
@@ -79,7 +83,9 @@ class GroupFault:
 class FaultyGroup(Group):
     """A Group whose `nth` collective fails as its GroupFault says."""
 
-    def __init__(self, inner: Group, fault: GroupFault, counted: list[int] | None = None) -> None:
+    def __init__(
+        self, inner: Group, fault: GroupFault, counted: list[int] | None = None, meet: threading.Barrier | None = None
+    ) -> None:
         super().__init__(
             inner.pg,
             inner.rank,
@@ -91,11 +97,12 @@ class FaultyGroup(Group):
         )
         self._fault = fault
         self._counted = counted if counted is not None else [0]  # shared with the groups split from this one
+        self._meet = meet  # the ranks that die at the same collective wait for each other there
 
     def split(self, store: Any, prefix: str, ranks: list[int], label: str) -> Group:
         """Parts (HSDP's shard and replica groups) count their collectives with this group's."""
         part = super().split(store, prefix, ranks, label)
-        return part if part is self or part.pg is None else FaultyGroup(part, self._fault, self._counted)
+        return part if part is self or part.pg is None else FaultyGroup(part, self._fault, self._counted, self._meet)
 
     def _next(self, kind: str) -> str | None:
         """What happens after this collective completes: None, "die" or "raise"."""
@@ -108,6 +115,9 @@ class FaultyGroup(Group):
         if self._fault.action == "raise":
             raise CollectiveFailed(f"injected failure of collective {count} in generation {self.generation}")
         if self._fault.action == "die":
+            if self._meet is not None:
+                with contextlib.suppress(threading.BrokenBarrierError):
+                    self._meet.wait(timeout=30)
             raise RankDied(f"died at collective {count} of generation {self.generation}")
         return "die" if self._fault.action == "die_after" else "raise"
 
@@ -166,13 +176,27 @@ class _Handles:
             self.control.close()
 
 
-def _ports(worker: str, node: str, faults: list[GroupFault], handles: _Handles, plan: FaultPlan) -> Ports:
+def _meetings(faults: list[GroupFault]) -> dict[tuple[int, int, str], threading.Barrier]:
+    """One meeting point per collective at which ranks die."""
+    deaths = Counter((f.generation, f.nth, f.kind) for f in faults if f.action == "die")
+    return {at: threading.Barrier(count) for at, count in deaths.items()}
+
+
+def _ports(
+    worker: str,
+    node: str,
+    faults: list[GroupFault],
+    handles: _Handles,
+    plan: FaultPlan,
+    meetings: dict[tuple[int, int, str], threading.Barrier],
+) -> Ports:
     mine = {f.generation: f for f in faults if f.worker == worker}
 
     def form(*args: Any, **kwargs: Any) -> Group:
         group = Group.form(*args, **kwargs)
         fault = mine.get(group.generation)
-        handles.group = FaultyGroup(group, fault) if fault is not None else group
+        meet = meetings.get((fault.generation, fault.nth, fault.kind)) if fault is not None else None
+        handles.group = FaultyGroup(group, fault, meet=meet) if fault is not None else group
         return handles.group
 
     def control(address: str, secret: str, identity: Identity, interrupt: Interrupt) -> Control:
@@ -223,6 +247,7 @@ class ThreadJob:
         self.results: dict[str, RankResult] = {}
         self._threads: list[threading.Thread] = []
         self._next = 1
+        self._meetings = _meetings(self.faults)
 
     def env(self, node: str) -> WorkerEnv:
         return WorkerEnv(
@@ -249,7 +274,7 @@ class ThreadJob:
         self._next += 1
         env = self.env(node)
         handles = _Handles()
-        ports = _ports(env.worker_id, node, self.faults, handles, self.plan)
+        ports = _ports(env.worker_id, node, self.faults, handles, self.plan, self._meetings)
         result = self.results[env.worker_id] = RankResult(env.worker_id)
         thread = threading.Thread(
             target=self._rank, args=(env, ports, handles, result), name=f"rank-{node}", daemon=True

@@ -26,6 +26,17 @@ def test_descendants_is_transitive_and_excludes_roots() -> None:
     assert procs.descendants(table, [13]) == set()
 
 
+def test_children_first_puts_every_process_before_its_ancestors() -> None:
+    # 10 -> 11 -> 12, 10 -> 13; 20 alone; 30 not in the table. A parent killed first could orphan a stopped
+    # child's process group, and the kernel would wake that child with SIGHUP before its own SIGKILL.
+    table = [Proc(10, 1, "S", ()), Proc(11, 10, "S", ()), Proc(12, 11, "S", ()), Proc(13, 10, "S", ())]
+    table += [Proc(20, 1, "S", ()), Proc(1, 0, "S", ())]
+    order = procs.children_first(table, [10, 11, 12, 13, 20, 30])
+    assert sorted(order) == [10, 11, 12, 13, 20, 30]
+    for child, ancestor in [(12, 11), (11, 10), (12, 10), (13, 10)]:
+        assert order.index(child) < order.index(ancestor), order
+
+
 def test_protected_pids_hold_self_and_ancestors() -> None:
     protected = procs.protected_pids()
     assert {os.getpid(), os.getppid(), 1} <= protected

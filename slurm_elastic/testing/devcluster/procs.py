@@ -20,6 +20,7 @@ T = TypeVar("T")
 __all__ = [
     "Proc",
     "alive",
+    "children_first",
     "descendants",
     "kill_at_once",
     "list_procs",
@@ -214,8 +215,24 @@ def terminate(pids: Iterable[int], *, grace_s: float = 5.0, kill_wait_s: float =
 
 
 def kill_at_once(pids: Iterable[int], *, wait_s: float = 5.0) -> set[int]:
-    """Stop all, then SIGKILL all: none of them can react to the others' death (a node that dies)."""
+    """Stop all, then SIGKILL all, each before its parent: none of them can react to the others' death (a
+    node that dies). Children first because a parent's death can orphan a stopped child's process group,
+    which the kernel then wakes with SIGHUP and SIGCONT: a child not yet sent its SIGKILL runs its handler
+    (srun did, and killed its step on every other node)."""
     targets = set(pids) - protected_pids()
     _signal(targets, signal.SIGSTOP)
-    _signal(targets, signal.SIGKILL)
+    _signal(children_first(list_procs(), targets), signal.SIGKILL)
     return wait_gone(targets, wait_s)
+
+
+def children_first(table: Iterable[Proc], pids: Iterable[int]) -> list[int]:
+    """`pids` ordered so that every process comes before its ancestors (deepest in the parent tree first)."""
+    parent = {p.pid: p.ppid for p in table}
+
+    def depth(pid: int) -> int:
+        seen = 0
+        while pid in parent and seen < len(parent):  # bounded: a table read while pids were reused may loop
+            pid, seen = parent[pid], seen + 1
+        return seen
+
+    return sorted(pids, key=depth, reverse=True)
