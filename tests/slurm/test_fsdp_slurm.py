@@ -1,10 +1,12 @@
 """FSDP2 (`fully_shard`) through `elastic_core.sbatch` on the real local Slurm cluster: a node dies (its slurmd,
 steps and tasks SIGKILLed at once), the survivors re-shard from each other's memory without losing a committed
 step, the node comes back and the worker the job starts there takes its shards from peers. The job ends with
-the model of the same script run uninterrupted (within float32's tolerance), every sample used once."""
+the model of the same script run uninterrupted (within float32's tolerance), every sample used once. A
+script's own DCP checkpointer saves through a node's death, and a second job resumes from what it saved."""
 
 from __future__ import annotations
 
+import re
 import sys
 import time
 from collections.abc import Iterator
@@ -24,6 +26,7 @@ from .elastic_jobs import REPO, ElasticSlurmJob, submit_core
 pytestmark = pytest.mark.timeout(500)
 
 SCRIPT = REPO / "tests" / "integration" / "fsdp_script.py"
+OWN_DCP = REPO / "tests" / "integration" / "torchworld_fsdp_script.py"  # with its own DCP checkpointer
 STEPS, GLOBAL_BATCH, GATE_STEP = 24, 12, 16
 
 
@@ -32,16 +35,21 @@ def command(out: Path, pause: float) -> list[str]:
     return [sys.executable, str(SCRIPT), *args, "--save", str(out / "model.pt")]
 
 
-def reference(root: Path) -> dict[str, torch.Tensor]:
-    """The uninterrupted run: the same script on 4 local ranks, no Slurm, no fault."""
-    out = root / "fsdp-reference"
-    job = LocalJob(command(out, 0.0), JobConfig(nodes=4, max_restarts=0), root=out, log_dir=out / "logs")
+def run_locally(out: Path, argv: list[str], nodes: int) -> None:
+    """The script on `nodes` local ranks, no Slurm, no fault."""
+    job = LocalJob(argv, JobConfig(nodes=nodes, max_restarts=0), root=out, log_dir=out / "logs")
     job.start()
     try:
         result = job.wait(timeout=150)
     finally:
         job.stop()
     assert result.ok, f"{result.phase}: {result.reason}"
+
+
+def reference(root: Path) -> dict[str, torch.Tensor]:
+    """The uninterrupted run: the same script on 4 local ranks."""
+    out = root / "fsdp-reference"
+    run_locally(out, command(out, 0.0), nodes=4)
     return torch.load(out / "model.pt")  # type: ignore[no-any-return]
 
 
@@ -93,3 +101,50 @@ def test_fsdp_job_loses_a_node_re_shards_from_peers_and_takes_it_back(cluster: L
     report = job.ledger()
     assert (report.committed_steps, report.duplicate_samples, report.skipped_samples) == (STEPS, 0, 0), report
     assert report.samples_consumed == STEPS * GLOBAL_BATCH
+
+
+def own_dcp(out: Path, *args: str) -> list[str]:
+    return [sys.executable, str(OWN_DCP), "--dcp", str(out / "dcp"), "--full", str(out / "full.pt"), *args]
+
+
+def test_an_fsdp2_scripts_own_dcp_checkpoint_outlives_a_node_death_and_resumes_another_job(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    # The script saves its own DCP checkpoint (model and AdamW moments) after a loop that lost n3; a second
+    # job, on 2 nodes, loads it before ElasticJob(...) and trains on: the model of 12 uninterrupted steps.
+    env = {"SLURM_ELASTIC_REDUCE_DTYPE": "float32"}
+    first_root, gate = tmp_path / "own-first", tmp_path / "own-gate"
+    first = submit_core(
+        first_root,
+        nodes="3",
+        steps=8,
+        pause=0,
+        env=env,
+        command=own_dcp(first_root, "--steps", "8", "--gates", f"5:{gate}"),
+    )
+    try:
+        first.wait("every rank at the gate", lambda: first.output().count("at gate 5\n") == 3, timeout=180)
+        cluster.kill_node("n3")
+        first.wait("the job to go on without n3", lambda: first.worlds()[-1:] == [2], timeout=60)
+        gate.touch()
+        info = first.wait_finished(hurry=False)
+    finally:
+        first.cancel()
+    assert info.state == "COMPLETED", f"{info.state}; output:\n{first.output()[-3000:]}"
+    assert sorted(re.findall(r"saved by rank \d of \d", first.output())) == [
+        "saved by rank 0 of 2",
+        "saved by rank 1 of 2",
+    ]
+
+    second_root = tmp_path / "own-second"
+    resume = own_dcp(second_root, "--steps", "12", "--load", str(first_root / "dcp"), "--start-step", "8")
+    second = submit_core(second_root, nodes="2", steps=12, pause=0, env=env, command=resume)
+    try:
+        info = second.wait_finished(hurry=False)
+    finally:
+        second.cancel()
+    assert info.state == "COMPLETED", f"{info.state}; output:\n{second.output()[-3000:]}"
+    reference_root = tmp_path / "own-reference"
+    run_locally(reference_root, own_dcp(reference_root, "--steps", "12"), nodes=3)
+    got, want = torch.load(second_root / "full.pt"), torch.load(reference_root / "full.pt")
+    assert max_param_rel_diff(got, want) <= tolerance("float32", 12)
