@@ -79,7 +79,6 @@ class Driver:
         self.config = config
         self.events, self.record, self.scripts, self.store = events, record, scripts, store
         self.workers, self.agents = workers, agents  # the coordinator's own: connected peers by id and node
-        self.relays: set[asyncio.StreamWriter] = set()  # the nodes' control relays' connections
         self.policy = m.Policy(
             expected_workers=config.expected_workers,
             min_workers=config.min_workers,

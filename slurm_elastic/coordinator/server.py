@@ -66,6 +66,7 @@ class Coordinator:
         self.events = EventLog(config.job_id, config.events_path)
         self.workers: dict[str, Peer] = {}
         self.agents: dict[str, Peer] = {}
+        self.relays: set[asyncio.StreamWriter] = set()  # the nodes' control relays' connections
         self.scripts = ScriptReports(config.max_identical_failures)
         self.record = Record(
             self.events, record_commits=config.record_commits, progress_interval_s=config.progress_interval_s
@@ -192,11 +193,11 @@ class Coordinator:
 
     async def serve_relay(self, first: msg.Message, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """A node's control relay: its workers, each served as `serve_worker` serves a direct one."""
-        self.driver.relays.add(writer)
+        self.relays.add(writer)
         try:
             await serve_relay(first, reader, writer, self.serve_worker, self._on_beats, self.events)
         finally:
-            self.driver.relays.discard(writer)
+            self.relays.discard(writer)
 
     def _on_beats(self, beats: list[msg.Beat], relayed: Container[str]) -> None:
         """A relay's frame of its workers' heartbeats: thousands a second at scale, so the common case (alive,

@@ -91,7 +91,7 @@ class CoordinatorThread:
             coord.connections.close()
             for peer in (*coord.workers.values(), *coord.agents.values()):
                 peer.writer.close()
-            for relay in coord.driver.relays:
+            for relay in coord.relays:
                 relay.close()
             coord.store.close()
             coord.report_refusals()  # the last interval's, not left unsaid
